@@ -1,0 +1,135 @@
+"""Multi-head scaled dot-product attention: self, cross, and one cached decoding step.
+
+Dimensions: B batch, T query length, S key length, D model width, N heads, H head dim,
+C self-attention cache slots.
+
+The decoding cache is a plain dict pytree passed in and returned:
+  self-attention  {'key': [B, C, N, H], 'value': [B, C, N, H]}, filled one slot per step;
+  cross-attention {'key': [B, S, N, H], 'value': [B, S, N, H]}, projected once per source
+  batch by `project_kv` and only read afterwards.
+Attention logits and softmax are float32 whatever the compute dtype.
+"""
+
+from typing import Any, Callable, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from model import masks as masks_lib
+from model import position
+
+Cache = dict[str, jnp.ndarray]
+
+
+def xla_attention(query, key, value, mask, dropout):
+  """softmax(Q K^T / sqrt(H)) V with masked logits, as portable einsums.
+
+  Args:
+    query: [B, T, N, H].
+    key: [B, S, N, H].
+    value: [B, S, N, H].
+    mask: bool, broadcastable to [B, N, T, S]; True where attending is allowed.
+    dropout: applied to the attention probabilities.
+
+  Returns:
+    [B, T, N, H] in the dtype of `value`.
+  """
+  query = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
+  logits = jnp.einsum('BTNH,BSNH->BNTS', query, key,
+                      preferred_element_type=jnp.float32)  # [B, N, T, S]
+  logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  probs = dropout(jax.nn.softmax(logits, axis=-1))  # [B, N, T, S]
+  return jnp.einsum('BNTS,BSNH->BTNH', probs.astype(value.dtype), value)  # [B, T, N, H]
+
+
+def _fused_attention(implementation: Optional[str]) -> Callable:
+  """`jax.nn.dot_product_attention` with the given backend; it has no probability dropout."""
+
+  def attend(query, key, value, mask, dropout):
+    del dropout  # ModelConfig rejects attention dropout for fused kernels.
+    mask = jnp.broadcast_to(mask, (query.shape[0], 1, query.shape[1], key.shape[1]))  # [B, 1, T, S]
+    return jax.nn.dot_product_attention(query, key, value, mask=mask,
+                                        implementation=implementation)
+
+  return attend
+
+
+ATTENTION_IMPLS = {
+    'xla': xla_attention,
+    # jax's reference kernel: the fused code path, testable on CPU.
+    'jax': _fused_attention(None),
+    # cuDNN flash attention on NVIDIA GPUs (float16/bfloat16 inputs).
+    'cudnn': _fused_attention('cudnn'),
+}
+
+
+class MultiHeadAttention(nn.Module):
+  """Projections Q, K, V (with biases, as fairseq) and the output projection O."""
+  d_model: int
+  num_heads: int
+  impl: str = 'xla'
+  # Rotate queries and keys by their positions (self-attention with position='rope').
+  rotary: bool = False
+  dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+  kernel_init: Callable = nn.initializers.xavier_uniform()
+
+  def setup(self):
+    head_dim = self.d_model // self.num_heads
+    project = lambda name: nn.DenseGeneral(
+        (self.num_heads, head_dim), dtype=self.dtype, param_dtype=jnp.float32,
+        kernel_init=self.kernel_init, name=name)
+    self.query = project('query')
+    self.key = project('key')
+    self.value = project('value')
+    self.out = nn.DenseGeneral(self.d_model, axis=(-2, -1), dtype=self.dtype,
+                               param_dtype=jnp.float32, kernel_init=self.kernel_init,
+                               name='out')
+    self.attention_dropout = nn.Dropout(self.dropout_rate)
+
+  def _attend(self, query, key, value, mask, deterministic):
+    dropout = lambda probs: self.attention_dropout(probs, deterministic=deterministic)
+    attended = ATTENTION_IMPLS[self.impl](query, key, value, mask, dropout)  # [B, T, N, H]
+    return self.out(attended)  # [B, T, D]
+
+  def project_kv(self, inputs: jnp.ndarray, positions: Optional[jnp.ndarray] = None) -> Cache:
+    """Keys and values of `inputs` [B, S, D]: the cross-attention cache of one source batch."""
+    key = self.key(inputs)  # [B, S, N, H]
+    if self.rotary:
+      key = position.apply_rope(key, positions)
+    return {'key': key, 'value': self.value(inputs)}
+
+  def __call__(self, x, mask, positions=None, *, deterministic: bool = True):
+    """Self-attention of x [B, T, D] under `mask` [B, 1, T, T]."""
+    query = self.query(x)  # [B, T, N, H]
+    if self.rotary:
+      query = position.apply_rope(query, positions)
+    kv = self.project_kv(x, positions)
+    return self._attend(query, kv['key'], kv['value'], mask, deterministic)
+
+  def cross(self, x, kv: Cache, mask, *, deterministic: bool = True):
+    """Attention of x [B, T, D] to precomputed keys/values (`project_kv`) under `mask` [B, 1, T, S]."""
+    return self._attend(self.query(x), kv['key'], kv['value'], mask, deterministic)
+
+  def decode_step(self, x, cache: Cache, position_index) -> tuple[jnp.ndarray, Cache]:
+    """Self-attention of one new token x [B, 1, D] at `position_index` over the cache.
+
+    Writes this token's key and value into slot `position_index` and attends to slots
+    0..position_index, which is what the causal mask allows in the full pass.
+    """
+    positions = jnp.full((x.shape[0], 1), position_index, dtype=jnp.int32)  # [B, 1]
+    query = self.query(x)  # [B, 1, N, H]
+    if self.rotary:
+      query = position.apply_rope(query, positions)
+    new = self.project_kv(x, positions)  # 2 x [B, 1, N, H]
+    cache = {name: jax.lax.dynamic_update_slice_in_dim(cache[name], new[name].astype(cache[name].dtype),
+                                                       position_index, axis=1)
+             for name in ('key', 'value')}  # 2 x [B, C, N, H]
+    mask = masks_lib.cached_step_mask(position_index, cache['key'].shape[1])  # [1, 1, 1, C]
+    return self._attend(query, cache['key'], cache['value'], mask, True), cache
+
+  def empty_cache(self, batch_size: int, length: int) -> Cache:
+    """Zero self-attention cache of `length` slots."""
+    shape = (batch_size, length, self.num_heads, self.d_model // self.num_heads)  # [B, C, N, H]
+    return {'key': jnp.zeros(shape, self.dtype), 'value': jnp.zeros(shape, self.dtype)}

@@ -1,0 +1,52 @@
+"""Label-smoothed cross entropy over the target vocabulary, in float32.
+
+Dimensions: B batch, T target length, V vocabulary.
+
+The smoothed target puts 1 - a on the reference token and a / V on every token (optax's
+`smooth_labels`), so the loss is (1 - a) * NLL + a * mean_v(-log p_v). Written in that closed
+form it needs no [B, T, V] one-hot; tests check it against optax's one-hot formulation.
+"""
+
+import jax
+import jax.numpy as jnp
+
+
+def token_losses(logits, targets, label_smoothing: float = 0.0):
+  """Per-token smoothed loss and plain negative log-likelihood.
+
+  Args:
+    logits: [B, T, V] (cast to float32).
+    targets: [B, T] int token ids.
+    label_smoothing: a in [0, 1).
+
+  Returns:
+    (loss [B, T], nll [B, T]), both float32.
+  """
+  logits = logits.astype(jnp.float32)
+  log_z = jax.nn.logsumexp(logits, axis=-1)  # [B, T]
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, T]
+  nll = log_z - target_logit
+  if not label_smoothing:
+    return nll, nll
+  uniform_nll = log_z - logits.mean(-1)  # [B, T]: mean over v of -log p_v
+  return (1.0 - label_smoothing) * nll + label_smoothing * uniform_nll, nll
+
+
+def weighted_sums(logits, targets, weights, label_smoothing: float = 0.0) -> dict[str, jnp.ndarray]:
+  """Sums over real target tokens, so several batches or devices can be combined exactly.
+
+  Args:
+    logits: [B, T, V].
+    targets: [B, T].
+    weights: [B, T], 1 at real target tokens and 0 at padding.
+    label_smoothing: a in [0, 1).
+
+  Returns:
+    {'loss': sum of smoothed losses, 'nll': sum of NLL, 'tokens': sum of weights, 'correct':
+    count of argmax hits}; the training loss is loss / tokens.
+  """
+  weights = weights.astype(jnp.float32)
+  loss, nll = token_losses(logits, targets, label_smoothing)
+  correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+  return {'loss': (loss * weights).sum(), 'nll': (nll * weights).sum(),
+          'tokens': weights.sum(), 'correct': (correct * weights).sum()}

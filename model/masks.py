@@ -1,0 +1,57 @@
+"""Attention masks as pure functions. True means "may attend".
+
+Dimensions: B batch, S source (key) length, T target (query) length.
+All masks broadcast against attention logits shaped [B, N, T, S] (N heads).
+"""
+
+import jax.numpy as jnp
+
+PAD_ID = 0
+
+
+def token_mask(tokens: jnp.ndarray, pad_id: int = PAD_ID) -> jnp.ndarray:
+  """[B, L] bool: True at real tokens, False at padding."""
+  return tokens != pad_id
+
+
+def padding_mask(query_mask: jnp.ndarray, key_mask: jnp.ndarray) -> jnp.ndarray:
+  """Queries attend only to real keys; padded queries attend to nothing.
+
+  >>> padding_mask(jnp.array([[1, 1, 0]]), jnp.array([[1, 0]]))[0, 0].astype(int)
+  [[1, 0], [1, 0], [0, 0]]
+
+  Args:
+    query_mask: [B, T] bool.
+    key_mask: [B, S] bool.
+
+  Returns:
+    [B, 1, T, S] bool.
+  """
+  return query_mask[:, None, :, None] & key_mask[:, None, None, :]
+
+
+def causal_mask(length: int) -> jnp.ndarray:
+  """[1, 1, T, T] bool, lower triangular: position t sees positions <= t.
+
+  >>> causal_mask(3)[0, 0].astype(int)
+  [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+  """
+  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def decoder_self_mask(target_mask: jnp.ndarray) -> jnp.ndarray:
+  """Causal and padding mask of decoder self-attention: [B, 1, T, T] bool."""
+  return padding_mask(target_mask, target_mask) & causal_mask(target_mask.shape[1])
+
+
+def cached_step_mask(position: jnp.ndarray, cache_length: int) -> jnp.ndarray:
+  """Mask of one incremental decoding step: the query at `position` sees cache slots <= position.
+
+  Args:
+    position: int32 scalar, the index of the token being fed.
+    cache_length: slots in the self-attention cache.
+
+  Returns:
+    [1, 1, 1, cache_length] bool.
+  """
+  return (jnp.arange(cache_length) <= position)[None, None, None, :]

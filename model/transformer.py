@@ -1,0 +1,126 @@
+"""The encoder-decoder Transformer for translation.
+
+Dimensions: B batch, S source length, T target length, D model width, V vocabulary,
+C decoding cache slots.
+
+Entry points (all pure: parameters and caches go in and come out):
+  __call__(encoder_input_tokens, decoder_input_tokens, train) -> logits [B, T, V] (float32)
+  encode(encoder_input_tokens, train) -> encoded [B, S, D]
+  decode(encoded, encoder_input_tokens, decoder_input_tokens, train) -> logits [B, T, V]
+  init_cache(encoded, encoder_input_tokens, max_decode_length) -> cache
+  decode_step(tokens [B], cache, position_index) -> (logits [B, V], cache)
+Token id 0 is padding everywhere.
+
+The decoding cache is {'encoder_mask': [B, S] bool, 'layers': [{'self': {'key', 'value'}
+[B, C, N, H], 'cross': {'key', 'value'} [B, S, N, H]}, ...]}; every leaf leads with the
+batch axis, so beam search can reorder it with one gather.
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from model import masks
+from model.blocks import PLACEMENTS, DecoderLayer, EncoderLayer
+from model.config import ModelConfig
+from model.norms import NORMS
+from model.position import POSITIONS
+
+
+def _positions(tokens: jnp.ndarray) -> jnp.ndarray:
+  """[B, L] int32 positions 0..L-1 (sequences are right-padded)."""
+  return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+class Transformer(nn.Module):
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    embed = lambda vocab, name: nn.Embed(
+        vocab, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=jnp.float32,
+        embedding_init=nn.initializers.normal(stddev=cfg.d_model ** -0.5), name=name)
+    self.source_embedding = embed(cfg.source_vocab_size, 'source_embedding')
+    if not cfg.share_embeddings:
+      self.separate_target_embedding = embed(cfg.target_vocab_size, 'target_embedding')
+    self.encoder_positions = POSITIONS[cfg.position](cfg.max_position, name='encoder_positions')
+    self.decoder_positions = POSITIONS[cfg.position](cfg.max_position, name='decoder_positions')
+    self.encoder_layers = [EncoderLayer(cfg, name=f'encoder_layer_{i}')
+                           for i in range(cfg.num_encoder_layers)]
+    self.decoder_layers = [DecoderLayer(cfg, name=f'decoder_layer_{i}')
+                           for i in range(cfg.num_decoder_layers)]
+    if PLACEMENTS[cfg.norm_position].final_norm:
+      self.encoder_final_norm = NORMS[cfg.norm](epsilon=cfg.norm_epsilon, name='encoder_final_norm')
+      self.decoder_final_norm = NORMS[cfg.norm](epsilon=cfg.norm_epsilon, name='decoder_final_norm')
+    if not cfg.tie_output_embedding:
+      self.output_kernel = self.param('output_kernel', cfg.initializer,
+                                      (cfg.d_model, cfg.target_vocab_size))  # [D, V]
+    self.dropout = nn.Dropout(cfg.dropout_rate)
+
+  def _target_embedding(self) -> nn.Embed:
+    return self.source_embedding if self.config.share_embeddings else self.separate_target_embedding
+
+  def _embed(self, embedding, add_positions, tokens, positions, train):
+    # sqrt(D) scaling makes embeddings (std D^-0.5 at init) unit-variance, like Vaswani et al.
+    x = embedding(tokens) * jnp.asarray(self.config.d_model ** 0.5, self.config.compute_dtype)  # [B, L, D]
+    return self.dropout(add_positions(x, positions), deterministic=not train)
+
+  def _final_norm(self, norm_name, x, token_mask, train):
+    if PLACEMENTS[self.config.norm_position].final_norm:
+      return getattr(self, norm_name)(x, token_mask, train)
+    return x
+
+  def _logits(self, x) -> jnp.ndarray:
+    """Output projection with float32 accumulation and result [..., V] (for a stable softmax)."""
+    if self.config.tie_output_embedding:
+      kernel = self._target_embedding().embedding.T  # [D, V]
+    else:
+      kernel = self.output_kernel
+    return jnp.einsum('...D,DV->...V', x, kernel.astype(x.dtype), preferred_element_type=jnp.float32)
+
+  def encode(self, encoder_input_tokens, *, train: bool = False):
+    """[B, S] tokens -> [B, S, D] encoder output."""
+    token_mask = masks.token_mask(encoder_input_tokens)  # [B, S]
+    attention_mask = masks.padding_mask(token_mask, token_mask)  # [B, 1, S, S]
+    positions = _positions(encoder_input_tokens)
+    x = self._embed(self.source_embedding, self.encoder_positions, encoder_input_tokens, positions, train)
+    for layer in self.encoder_layers:
+      x = layer(x, token_mask, attention_mask, positions, train)
+    return self._final_norm('encoder_final_norm', x, token_mask, train)
+
+  def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, *, train: bool = False):
+    """Teacher-forced decoder: [B, T] right-shifted targets -> [B, T, V] float32 logits."""
+    target_mask = masks.token_mask(decoder_input_tokens)  # [B, T]
+    self_mask = masks.decoder_self_mask(target_mask)  # [B, 1, T, T]
+    cross_mask = masks.padding_mask(target_mask, masks.token_mask(encoder_input_tokens))  # [B, 1, T, S]
+    positions = _positions(decoder_input_tokens)
+    x = self._embed(self._target_embedding(), self.decoder_positions, decoder_input_tokens, positions, train)
+    for layer in self.decoder_layers:
+      x = layer(x, encoded, target_mask, self_mask, cross_mask, positions, train)
+    return self._logits(self._final_norm('decoder_final_norm', x, target_mask, train))
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens, *, train: bool = False):
+    encoded = self.encode(encoder_input_tokens, train=train)
+    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, train=train)
+
+  def init_cache(self, encoded, encoder_input_tokens, max_decode_length: int):
+    """Decoding cache for one source batch; cross-attention keys/values are computed here, once."""
+    batch_size = encoded.shape[0]
+    return {
+        'encoder_mask': masks.token_mask(encoder_input_tokens),  # [B, S]
+        'layers': [{'self': layer.empty_self_cache(batch_size, max_decode_length),
+                    'cross': layer.project_cross_kv(encoded)}
+                   for layer in self.decoder_layers],
+    }
+
+  def decode_step(self, tokens, cache, position_index):
+    """Feeds tokens [B] at `position_index` (0 for BOS); returns logits [B, V] and the new cache."""
+    positions = jnp.full((tokens.shape[0], 1), position_index, dtype=jnp.int32)  # [B, 1]
+    x = self._embed(self._target_embedding(), self.decoder_positions, tokens[:, None], positions, False)  # [B, 1, D]
+    cross_mask = cache['encoder_mask'][:, None, None, :]  # [B, 1, 1, S]
+    new_layers = []
+    for layer, layer_cache in zip(self.decoder_layers, cache['layers']):
+      x, layer_cache = layer.decode_step(x, layer_cache, cross_mask, position_index)
+      new_layers.append(layer_cache)
+    x = self._final_norm('decoder_final_norm', x, None, False)
+    logits = self._logits(x[:, 0])  # [B, V]
+    return logits, {'encoder_mask': cache['encoder_mask'], 'layers': new_layers}

@@ -1,0 +1,192 @@
+"""The encoder-decoder: cached decoding, the component matrix, parameter counts, config checks."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from configs import base
+from model import losses
+from model.config import ModelConfig
+from model.transformer import Transformer
+
+VOCAB = 37
+SOURCE = jnp.array([[5, 6, 7, 8, 9, 1, 0], [10, 11, 12, 1, 0, 0, 0], [4, 5, 6, 7, 8, 9, 1]])
+TARGET_IN = jnp.array([[2, 13, 14, 15, 16, 17], [2, 18, 19, 20, 0, 0], [2, 4, 4, 5, 5, 6]])
+TARGET_OUT = jnp.array([[13, 14, 15, 16, 17, 1], [18, 19, 20, 1, 0, 0], [4, 4, 5, 5, 6, 1]])
+
+
+def tiny_config(**overrides) -> ModelConfig:
+  config = base.get_config().model
+  config.update(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2, num_decoder_layers=2)
+  config.update(overrides)
+  return ModelConfig.from_config(config, source_vocab_size=VOCAB, target_vocab_size=VOCAB)
+
+
+def init(model, train=False):
+  return model.init(jax.random.PRNGKey(1), SOURCE, TARGET_IN, train=train)
+
+
+def param_shapes(model):
+  return jax.eval_shape(lambda: init(model))['params']
+
+
+@pytest.mark.parametrize('position,norm', list(itertools.product(
+    ['sinusoidal', 'learned', 'rope', 'none'], ['layer', 'batch'])))
+def test_incremental_decoding_equals_full_forward(position, norm):
+  model = Transformer(tiny_config(position=position, norm=norm, norm_position='post'))
+  variables = init(model)
+  if norm == 'batch':  # non-trivial running statistics, as after training
+    variables = dict(variables, batch_stats=jax.tree.map(
+        lambda s: s + 0.3 * jax.random.uniform(jax.random.PRNGKey(2), s.shape), variables['batch_stats']))
+  full = model.apply(variables, SOURCE, TARGET_IN)  # [B, T, V]
+
+  @jax.jit
+  def incremental(variables):
+    encoded = model.apply(variables, SOURCE, method=Transformer.encode)
+    cache = model.apply(variables, encoded, SOURCE, TARGET_IN.shape[1], method=Transformer.init_cache)
+    steps = []
+    for t in range(TARGET_IN.shape[1]):
+      logits, cache = model.apply(variables, TARGET_IN[:, t], cache, t, method=Transformer.decode_step)
+      steps.append(logits)
+    return jnp.stack(steps, axis=1)
+
+  real = np.asarray(TARGET_IN != 0)
+  scale = float(jnp.abs(full).max())
+  np.testing.assert_allclose(np.asarray(incremental(variables))[real], np.asarray(full)[real],
+                             atol=1e-5 * scale, rtol=1e-4)
+
+
+def test_cross_attention_keys_values_are_computed_once_in_the_cache():
+  model = Transformer(tiny_config())
+  variables = init(model)
+  encoded = model.apply(variables, SOURCE, method=Transformer.encode)
+  cache = model.apply(variables, encoded, SOURCE, 4, method=Transformer.init_cache)
+  _, next_cache = model.apply(variables, TARGET_IN[:, 0], cache, 0, method=Transformer.decode_step)
+  for before, after in zip(cache['layers'], next_cache['layers']):
+    assert after['cross']['key'] is before['cross']['key']
+    assert after['cross']['key'].shape == (3, SOURCE.shape[1], 2, 8)
+
+
+MATRIX = list(itertools.product(['layer', 'rms', 'batch', 'scale'], ['post', 'pre'],
+                                ['sinusoidal', 'learned', 'rope', 'none'], ['relu', 'gelu', 'swiglu']))
+
+
+@pytest.mark.parametrize('norm,norm_position,position,activation', MATRIX)
+def test_component_matrix_trains(norm, norm_position, position, activation):
+  model = Transformer(tiny_config(norm=norm, norm_position=norm_position, position=position,
+                                  activation=activation, num_encoder_layers=1, num_decoder_layers=1))
+  variables = init(model, train=True)
+  params, state = variables['params'], {k: v for k, v in variables.items() if k != 'params'}
+
+  def loss_fn(params):
+    logits, _ = model.apply({'params': params, **state}, SOURCE, TARGET_IN, train=True,
+                            rngs={'dropout': jax.random.PRNGKey(3)}, mutable=list(state))
+    sums = losses.weighted_sums(logits, TARGET_OUT, TARGET_OUT != 0, 0.1)
+    return sums['loss'] / sums['tokens']
+
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  assert np.isfinite(loss) and loss > 0
+  grad_leaves = jax.tree.leaves(grads)
+  assert all(np.isfinite(g).all() for g in grad_leaves)
+  assert sum(float(jnp.abs(g).sum()) for g in grad_leaves) > 0
+
+
+def fairseq_transformer_parameter_count(src_vocab, tgt_vocab, d, ffn, enc_layers, dec_layers,
+                                        normalize_before=False, share_decoder_input_output_embed=True):
+  """fairseq TransformerModel's parameter count, from its architecture (fairseq/models/transformer).
+
+  MultiheadAttention: q/k/v/out_proj Linear(d, d) with bias. Encoder layer: self_attn,
+  self_attn_layer_norm, fc1 Linear(d, ffn), fc2 Linear(ffn, d), final_layer_norm. Decoder layer adds
+  encoder_attn and encoder_attn_layer_norm. Sinusoidal positions have no parameters; the final
+  stack LayerNorms exist only with normalize_before; the tied output projection adds nothing.
+  """
+  linear = lambda i, o: i * o + o
+  attention = 4 * linear(d, d)
+  layer_norm = 2 * d
+  ffn_params = linear(d, ffn) + linear(ffn, d)
+  encoder_layer = attention + ffn_params + 2 * layer_norm
+  decoder_layer = 2 * attention + ffn_params + 3 * layer_norm
+  total = src_vocab * d + tgt_vocab * d + enc_layers * encoder_layer + dec_layers * decoder_layer
+  if normalize_before:
+    total += 2 * layer_norm
+  if not share_decoder_input_output_embed:
+    total += tgt_vocab * d
+  return total
+
+
+@pytest.mark.parametrize('norm_position', ['post', 'pre'])
+def test_iwslt_model_parameter_count_equals_fairseq(norm_position):
+  config = base.get_config().model
+  config.update(d_model=512, num_heads=4, d_ff=1024, num_encoder_layers=6, num_decoder_layers=6,
+                share_embeddings=False, tie_output_embedding=True, norm_position=norm_position)
+  model = Transformer(ModelConfig.from_config(config, source_vocab_size=8848, target_vocab_size=6632))
+  shapes = param_shapes(model)
+  ours = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes))
+  assert ours == fairseq_transformer_parameter_count(8848, 6632, 512, 1024, 6, 6,
+                                                     normalize_before=norm_position == 'pre')
+
+
+def test_untied_output_projection_adds_a_vocabulary_matrix():
+  tied = param_shapes(Transformer(tiny_config()))
+  untied = param_shapes(Transformer(tiny_config(tie_output_embedding=False)))
+  count = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+  assert count(untied) - count(tied) == 16 * VOCAB
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+  model = Transformer(tiny_config(dtype='bfloat16'))
+  variables = init(model)
+  assert {leaf.dtype for leaf in jax.tree.leaves(variables)} == {jnp.dtype(jnp.float32)}
+  logits = model.apply(variables, SOURCE, TARGET_IN)
+  assert logits.dtype == jnp.float32
+  reference = Transformer(tiny_config()).apply(variables, SOURCE, TARGET_IN)
+  np.testing.assert_allclose(logits, reference, atol=0.1 * float(jnp.abs(reference).max()))
+
+
+def test_residual_off_changes_the_function():
+  with_residual = Transformer(tiny_config())
+  variables = init(with_residual)
+  without = Transformer(tiny_config(residual=False)).apply(variables, SOURCE, TARGET_IN)
+  assert not np.allclose(with_residual.apply(variables, SOURCE, TARGET_IN), without)
+
+
+@pytest.mark.parametrize('field,value,message', [
+    ('norm', 'group', "config.model.norm='group' is not one of: batch, layer, rms, scale"),
+    ('norm_position', 'sandwich', "config.model.norm_position='sandwich' is not one of: post, pre"),
+    ('position', 'alibi', "config.model.position='alibi' is not one of: learned, none, rope, sinusoidal"),
+    ('activation', 'tanh', "config.model.activation='tanh' is not one of: gelu, relu, swiglu"),
+    ('attention_impl', 'flash', "config.model.attention_impl='flash' is not one of: cudnn, jax, xla"),
+    ('dtype', 'float16', "config.model.dtype='float16' is not one of: bfloat16, float32"),
+    ('num_heads', 3, 'config.model.d_model=16 must be divisible by config.model.num_heads=3'),
+    ('dropout_rate', 1.5, 'config.model.dropout_rate=1.5 must be in [0, 1)'),
+])
+def test_invalid_model_config_names_the_field(field, value, message):
+  with pytest.raises(ValueError) as error:
+    tiny_config(**{field: value})
+  assert str(error.value).startswith(message)
+
+
+def test_unknown_model_key_and_vocab_mismatch_are_rejected():
+  config = base.get_config().model
+  config.d_modle = 3
+  with pytest.raises(ValueError, match='unknown config.model keys: d_modle'):
+    ModelConfig.from_config(config, source_vocab_size=10, target_vocab_size=10)
+  with pytest.raises(ValueError, match='share_embeddings=True needs one joint vocabulary'):
+    ModelConfig.from_config(base.get_config().model, source_vocab_size=10, target_vocab_size=12)
+
+
+@pytest.mark.parametrize('smoothing', [0.0, 0.1, 0.3])
+def test_label_smoothed_loss_equals_optax_one_hot_form(smoothing):
+  logits = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 11)) * 3, jnp.float32)
+  targets = jnp.array([[1, 2, 3], [4, 0, 0]])
+  loss, nll = losses.token_losses(logits, targets, smoothing)
+  labels = optax.smooth_labels(jax.nn.one_hot(targets, 11), smoothing)
+  np.testing.assert_allclose(loss, optax.softmax_cross_entropy(logits, labels), rtol=1e-5)
+  np.testing.assert_allclose(nll, optax.softmax_cross_entropy_with_integer_labels(logits, targets), rtol=1e-5)
+  sums = losses.weighted_sums(logits, targets, targets != 0, smoothing)
+  assert float(sums['tokens']) == 4
+  np.testing.assert_allclose(sums['loss'], float((loss * (targets != 0)).sum()), rtol=1e-6)
