@@ -1,0 +1,235 @@
+"""Greedy and beam search over an explicit decoding cache.
+
+The searches see the model only through a step function,
+
+  step_fn(tokens, cache, position) -> (logits, new_cache)
+
+which feeds one token per row (`tokens` int32 [N], `position` the int32 index of
+the fed token, 0 for BOS) and returns float32 next-token logits [N, V]. The cache
+is any pytree whose leaves all have leading dimension N. Each search is a single
+`jax.lax.while_loop` that exits as soon as every sentence is finished, so a whole
+search compiles under `jax.jit(functools.partial(beam_search, step_fn, ...))`.
+
+Lengths count generated tokens, EOS included and BOS excluded. `max_length` is the
+static output size: a hypothesis still alive after `max_length` tokens ends there
+without EOS and competes with the rest, scored at that length. The optional
+per-sentence `max_lengths` (a + b * source length, `decode_length_limit`) force EOS
+at each sentence's own limit instead. Output positions after EOS hold `pad_id`.
+
+Dimensions:
+  B: batch (sentences)
+  K: beam size
+  N: rows fed to step_fn (B for greedy search, B*K for beam search)
+  T: target length (max_length)
+  V: vocabulary
+"""
+
+import numbers
+
+import jax
+import jax.numpy as jnp
+
+_LENGTH_PENALTIES = {
+    # fairseq: score / length**alpha.
+    'fairseq': lambda length, alpha: length**alpha,
+    # GNMT (Wu et al. 2016): score / ((5 + length) / 6)**alpha.
+    'gnmt': lambda length, alpha: ((5.0 + length) / 6.0)**alpha,
+}
+
+
+def decode_length_limit(source_length, a=10, b=1.2):
+  """Most tokens to generate for a source: `a + b * source_length`, rounded down.
+
+  Args:
+    source_length: a Python int (e.g. the longest source, for the static
+      `max_length`) or an int array [B] (for per-sentence `max_lengths`).
+    a: tokens allowed whatever the source length.
+    b: tokens allowed per source token.
+
+  Returns:
+    An int for an int input, else int32 [B].
+  """
+  if isinstance(source_length, numbers.Integral):
+    return int(a + b * source_length)
+  source_length = jnp.asarray(source_length, jnp.float32)
+  return jnp.floor(a + b * source_length).astype(jnp.int32)
+
+
+def tile_beams(tree, beam_size):
+  """Repeats every leaf for the beams, each sentence's K copies adjacent.
+
+  Args:
+    tree: pytree of arrays with leading dimension B (e.g. the decoding cache).
+    beam_size: K.
+
+  Returns:
+    The pytree with every leaf [B, ...] -> [B*K, ...].
+  """
+  return jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0), tree)
+
+
+def _eos_steps(max_lengths, batch_size, max_length):
+  """Step at which each sentence must emit EOS, int32 [B].
+
+  Without per-sentence limits it is `max_length`, a step the loop never reaches.
+  """
+  if max_lengths is None:
+    return jnp.full((batch_size,), max_length, jnp.int32)
+  return jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_length) - 1
+
+
+def greedy_search(step_fn, cache, *, batch_size, max_length, max_lengths=None,
+                  bos_id=2, eos_id=1, pad_id=0):
+  """Decodes the most probable next token at every step.
+
+  Args:
+    step_fn: `(tokens [B], cache, position) -> (logits [B, V], cache)`.
+    cache: pytree of arrays with leading dimension B.
+    batch_size: B.
+    max_length: T, most tokens generated (static int).
+    max_lengths: optional int32 [B]; sentence b emits EOS at the latest as its
+      `max_lengths[b]`-th token.
+    bos_id: token fed first.
+    eos_id: token that ends a sentence.
+    pad_id: token written after EOS.
+
+  Returns:
+    int32 [B, T] generated tokens.
+  """
+  eos_steps = _eos_steps(max_lengths, batch_size, max_length)
+
+  def cond(state):
+    i, _, _, finished, _ = state
+    return (i < max_length) & ~jnp.all(finished)
+
+  def body(state):
+    i, tokens, last, finished, cache = state
+    logits, cache = step_fn(last, cache, i)
+    next_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    next_tokens = jnp.where(i == eos_steps, eos_id, next_tokens)
+    next_tokens = jnp.where(finished, pad_id, next_tokens)
+    finished |= next_tokens == eos_id
+    return i + 1, tokens.at[:, i].set(next_tokens), next_tokens, finished, cache
+
+  init = (
+      jnp.array(0, jnp.int32),
+      jnp.full((batch_size, max_length), pad_id, jnp.int32),
+      jnp.full((batch_size,), bos_id, jnp.int32),
+      jnp.zeros((batch_size,), bool),
+      cache,
+  )
+  return jax.lax.while_loop(cond, body, init)[1]
+
+
+def beam_search(step_fn, cache, *, batch_size, beam_size, max_length,
+                max_lengths=None, length_penalty=1.0,
+                length_penalty_form='fairseq', bos_id=2, eos_id=1, pad_id=0):
+  """Decodes the K best hypotheses per sentence by their length-penalised score.
+
+  Keeps K alive and K finished hypotheses per sentence (flax `examples/wmt`,
+  fairseq). Each step ranks the 2K best extensions of the alive beams; an EOS
+  extension (or any extension at `max_length`) is finished only when it ranks
+  within the first K, as in fairseq, which makes beam size 1 greedy search at
+  alpha 0. A sentence stops once no alive hypothesis can beat its K-th finished
+  one. Log-softmax and scores are float32.
+
+  Args:
+    step_fn: `(tokens [B*K], cache, position) -> (logits [B*K, V], cache)`.
+    cache: pytree of arrays with leading dimension B*K, from `tile_beams`; every
+      leaf is reordered along axis 0 as beams are re-ranked.
+    batch_size: B.
+    beam_size: K.
+    max_length: T, most tokens generated (static int).
+    max_lengths: optional int32 [B]; sentence b emits EOS at the latest as its
+      `max_lengths[b]`-th token.
+    length_penalty: alpha; 0 ranks by total log-probability.
+    length_penalty_form: 'fairseq' (score / length**alpha) or 'gnmt'
+      (score / ((5 + length) / 6)**alpha), length counting EOS.
+    bos_id: token fed first.
+    eos_id: token that ends a hypothesis.
+    pad_id: token written after EOS.
+
+  Returns:
+    tokens: int32 [B, K, T], best first; slots no hypothesis filled hold pad.
+    scores: float32 [B, K] penalised log-probabilities, -inf for empty slots.
+  """
+  if length_penalty_form not in _LENGTH_PENALTIES:
+    raise ValueError(f'Unknown length_penalty_form {length_penalty_form!r}; '
+                     f'valid: {sorted(_LENGTH_PENALTIES)}')
+  penalty = _LENGTH_PENALTIES[length_penalty_form]
+  b, k = batch_size, beam_size
+  eos_steps = _eos_steps(max_lengths, b, max_length)
+  longest = jnp.minimum(eos_steps + 1, max_length)  # [B]
+  first_rows = jnp.arange(b)[:, None] * k  # [B, 1] cache row of beam 0.
+  candidate_ranks = jnp.arange(2 * k)
+
+  def penalised(log_probs, length):
+    return log_probs / penalty(jnp.asarray(length, jnp.float32), length_penalty)
+
+  def cond(state):
+    i = state['i']
+    best_alive = state['alive_log_probs'][:, 0]
+    # Log-probabilities only fall as tokens are added and the penalty is
+    # monotone in length, so no extension of the best alive beam can score
+    # above its penalised score at the shortest or the longest reachable length.
+    bound = jnp.maximum(penalised(best_alive, i + 1),
+                        penalised(best_alive, longest))
+    done = bound <= state['finished_scores'][:, -1]
+    return (i < max_length) & ~jnp.all(done)
+
+  def body(state):
+    i, alive_seqs = state['i'], state['alive_seqs']
+    fed = alive_seqs[:, :, i].reshape(b * k)  # [B, K] -> [B*K]
+    logits, cache = step_fn(fed, state['cache'], i)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+    log_probs = log_probs.reshape(b, k, -1)  # [B*K, V] -> [B, K, V]
+    vocab = log_probs.shape[-1]
+    force_eos = (i == eos_steps)[:, None, None] & (jnp.arange(vocab) != eos_id)
+    log_probs = jnp.where(force_eos, -jnp.inf, log_probs)
+    candidates = state['alive_log_probs'][:, :, None] + log_probs
+    candidates = candidates.reshape(b, k * vocab)  # [B, K, V] -> [B, K*V]
+    # 2K candidates hold at least K that do not end in EOS (one EOS per beam).
+    top_log_probs, top_ids = jax.lax.top_k(candidates, 2 * k)  # [B, 2K]
+    parents, tokens = top_ids // vocab, top_ids % vocab
+    top_seqs = jnp.take_along_axis(alive_seqs, parents[:, :, None], axis=1)
+    top_seqs = top_seqs.at[:, :, i + 1].set(tokens)  # [B, 2K, T+1]
+
+    # Hypotheses cut at max_length compete with those that ended in EOS.
+    ends = (tokens == eos_id) | (i + 1 == max_length)
+    new_scores = jnp.where(ends & (candidate_ranks < k),
+                           penalised(top_log_probs, i + 1), -jnp.inf)
+    finished_scores, keep = jax.lax.top_k(
+        jnp.concatenate([state['finished_scores'], new_scores], axis=1), k)
+    finished_seqs = jnp.take_along_axis(
+        jnp.concatenate([state['finished_seqs'], top_seqs], axis=1),
+        keep[:, :, None], axis=1)
+
+    alive_log_probs, keep = jax.lax.top_k(
+        jnp.where(tokens == eos_id, -jnp.inf, top_log_probs), k)
+    rows = first_rows + jnp.take_along_axis(parents, keep, axis=1)
+    rows = rows.reshape(b * k)  # [B, K] -> [B*K]
+    return {
+        'i': i + 1,
+        'alive_seqs': jnp.take_along_axis(top_seqs, keep[:, :, None], axis=1),
+        'alive_log_probs': alive_log_probs,
+        'finished_seqs': finished_seqs,
+        'finished_scores': finished_scores,
+        'cache': jax.tree.map(lambda x: jnp.take(x, rows, axis=0), cache),
+    }
+
+  # The K cache copies are identical: one live beam keeps them from filling
+  # the beam with duplicates.
+  first_beam = jnp.arange(k) == 0
+  init = {
+      'i': jnp.array(0, jnp.int32),
+      # [B, K, T+1]: BOS, then the generated tokens.
+      'alive_seqs': jnp.full((b, k, max_length + 1), pad_id,
+                             jnp.int32).at[:, :, 0].set(bos_id),
+      'alive_log_probs': jnp.broadcast_to(
+          jnp.where(first_beam, 0.0, -jnp.inf).astype(jnp.float32), (b, k)),
+      'finished_seqs': jnp.full((b, k, max_length + 1), pad_id, jnp.int32),
+      'finished_scores': jnp.full((b, k), -jnp.inf, jnp.float32),
+      'cache': cache,
+  }
+  state = jax.lax.while_loop(cond, body, init)
+  return state['finished_seqs'][:, :, 1:], state['finished_scores']
