@@ -1,0 +1,1 @@
+"""Data layer: TFDS builders, the sentencepiece tokenizer and the grain input pipeline."""

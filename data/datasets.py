@@ -1,0 +1,145 @@
+"""Dataset names, splits, and the prepared TFDS data behind them.
+
+Prepared data lives under `<cache_dir>/tfds` (cache_dir from config.data, by
+default ~/.cache/seq2seq_lab): the first use reads and checks the raw files and
+writes ArrayRecord files, later uses only read them.
+"""
+
+import functools
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+import tensorflow_datasets as tfds
+from tensorflow_datasets.proto import tf_example_pb2
+
+from data import builder
+from data import iwslt14
+from data import multi30k
+
+# config.data.dataset -> builder class.
+BUILDERS = {'multi30k': multi30k.Multi30k, 'iwslt14': iwslt14.Iwslt14}
+DEFAULT_CACHE_DIR = '~/.cache/seq2seq_lab'
+
+
+class SplitText(NamedTuple):
+  """A split's text in source order (list index = example index)."""
+  source: list[str]
+  reference: list[str]
+  # The target side's tokenized form, for "tokenized BLEU".
+  reference_tokenized: list[str]
+
+
+def cache_dir(data_config) -> Path:
+  """Root of prepared datasets, tokenizers and token ids."""
+  return Path(data_config.cache_dir or DEFAULT_CACHE_DIR).expanduser()
+
+
+def builder_class(dataset: str) -> type[builder.ParallelTextBuilder]:
+  if dataset not in BUILDERS:
+    raise ValueError(f'Unknown dataset {dataset!r}; valid: {", ".join(BUILDERS)}')
+  return BUILDERS[dataset]
+
+
+def check_split(dataset: str, split: str) -> None:
+  """Raises a ValueError naming the valid splits unless `split` is one."""
+  splits = builder_class(dataset).SPLITS
+  if split not in splits:
+    raise ValueError(
+        f'Unknown {dataset} split {split!r}; valid: {", ".join(splits)}')
+
+
+def language_pair(data_config) -> tuple[str, str]:
+  """Returns (source_lang, target_lang), checked against the data."""
+  pair = (data_config.source_lang, data_config.target_lang)
+  if set(pair) != set(builder.LANGUAGES):
+    raise ValueError(f'source_lang/target_lang {pair} must be the two '
+                     f'languages {builder.LANGUAGES}, in either order')
+  return pair
+
+
+def get_builder(data_config, splits: Sequence[str] | None = None):
+  """Returns the dataset's TFDS builder, preparing the data on first use.
+
+  Args:
+    data_config: `config.data`.
+    splits: Prepare only these splits, for a source known to lack the others
+      (the offline IWSLT14 copy has no train files); None prepares all.
+
+  Raises:
+    ValueError: Unknown dataset, builder config or split.
+    sources.SourceError: Raw files missing or unusable (first use only).
+  """
+  cls = builder_class(data_config.dataset)
+  configs = [config.name for config in cls.BUILDER_CONFIGS]
+  if data_config.dataset_config not in configs:
+    raise ValueError(f'Unknown {data_config.dataset} dataset_config '
+                     f'{data_config.dataset_config!r}; valid: {", ".join(configs)}')
+  root = cache_dir(data_config)
+  # A partial preparation lives apart so it never stands in for the full data.
+  data_dir = root / 'tfds'
+  if splits is not None:
+    data_dir = root / 'tfds_partial' / '+'.join(sorted(splits))
+  dataset_builder = cls(
+      config=data_config.dataset_config, data_dir=str(data_dir),
+      source_dir=data_config.source_dir, download_dir=str(root / 'downloads'),
+      splits=splits, file_format='array_record')
+  dataset_builder.download_and_prepare(
+      download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  return dataset_builder
+
+
+def get_data_sources(data_config, splits: Sequence[str] | None = None) -> dict:
+  """Returns split -> random-access TFDS data source (no TensorFlow needed).
+
+  Records are dicts of `de`, `en`, `de_tok`, `en_tok` (bytes) and `index`;
+  `load_examples` gives them as str in source order.
+  """
+  dataset_builder = get_builder(data_config, splits)
+  return {split: dataset_builder.as_data_source(split=split)
+          for split in splits or dataset_builder.SPLITS}
+
+
+def load_examples(data_config, split: str) -> dict[str, list[str]]:
+  """Returns field -> text of every example of `split`, in source order.
+
+  Memoised per process, as reading a large split takes seconds.
+  """
+  check_split(data_config.dataset, split)
+  return _load_examples(str(cache_dir(data_config)), data_config.dataset,
+                        data_config.dataset_config, data_config.source_dir,
+                        split)
+
+
+def load_split_text(data_config, split: str) -> SplitText:
+  """Returns the source, reference and tokenized reference text of `split`."""
+  source_lang, target_lang = language_pair(data_config)
+  examples = load_examples(data_config, split)
+  return SplitText(examples[source_lang], examples[target_lang],
+                   examples[f'{target_lang}_tok'])
+
+
+@functools.lru_cache(maxsize=16)
+def _load_examples(root: str, dataset: str, dataset_config: str,
+                   source_dir: str, split: str) -> dict[str, list[str]]:
+  data_config = _DataConfigKey(dataset, dataset_config, source_dir, root)
+  # Records are the tf.train.Example protos TFDS stores; parsing them with the
+  # proto class TFDS ships is ~5x faster than its generic per-feature decoding
+  # (1.4 s instead of 7 s for Multi30k's training split here).
+  source = get_builder(data_config).as_data_source(
+      split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+  records = source.__getitems__(range(len(source)))
+  examples = {field: [''] * len(records) for field in builder.TEXT_FIELDS}
+  for record in records:
+    features = tf_example_pb2.Example.FromString(record).features.feature
+    index = features['index'].int64_list.value[0]
+    for field in builder.TEXT_FIELDS:
+      examples[field][index] = features[field].bytes_list.value[0].decode()
+  return examples
+
+
+class _DataConfigKey(NamedTuple):
+  """The fields of config.data that identify prepared data (hashable)."""
+  dataset: str
+  dataset_config: str
+  source_dir: str
+  cache_dir: str

@@ -1,0 +1,186 @@
+"""Training and evaluation batches (grain), from pre-tokenized splits.
+
+B: batch rows (of this process), S: source length, T: target length.
+
+Every batch is a dict of numpy arrays:
+  encoder_input_tokens    [B, S] int32    source + EOS, 0-padded
+  decoder_input_tokens    [B, T] int32    BOS + target (the one right shift)
+  decoder_target_tokens   [B, T] int32    target + EOS
+  decoder_target_weights  [B, T] float32  1 on target tokens and EOS, 0 on pad
+  example_index           [B]    int32    line of the pair in its split, -1 on
+                                          padding rows (all-zero tokens)
+and training batches also carry `epoch` ([] int32, the epoch the batch belongs
+to). `example_index` and `epoch` are bookkeeping for the host, not model inputs.
+
+Multi-host: data_config.max_tokens budgets the global batch. Every process
+computes the same plan of global batches (batching.BatchPlan, from the seed
+alone) and assembles only its contiguous block of rows of each batch, so all
+processes yield the same number of batches of the same shapes, their rows are
+disjoint and together cover the data, and the data order does not depend on
+the number of processes.
+"""
+
+import functools
+from typing import Iterator
+
+from absl import logging
+import grain
+import numpy as np
+
+from data import batching
+from data import datasets
+from data import token_ids
+from data import tokenizer as tokenizer_lib
+
+
+class TrainIterator(Iterator[dict]):
+  """Endless training batches, epoch after epoch, resumable.
+
+  Attributes:
+    num_filtered: Training pairs dropped for exceeding max_length.
+    batches_per_epoch: Batches (steps) in every epoch.
+    batch_shapes: Every [B, L] shape this process's batches can have.
+  """
+
+  def __init__(self, iterator: grain.DatasetIterator, plan: batching.BatchPlan,
+               num_filtered: int, process_count: int):
+    self._iterator = iterator
+    self.num_filtered = num_filtered
+    self.batches_per_epoch = plan.batches_per_epoch
+    self.batch_shapes = [(int(size) // process_count, int(length))
+                         for size, length in zip(plan.batch_sizes, plan.lengths)]
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    return next(self._iterator)
+
+  def get_state(self) -> dict:
+    """Returns the position, a small JSON-serialisable dict."""
+    return self._iterator.get_state()
+
+  def set_state(self, state: dict) -> None:
+    """Continues from a position returned by `get_state`."""
+    self._iterator.set_state(state)
+
+
+def make_train_iterator(data_config, tokenizer: tokenizer_lib.Tokenizer, *,
+                        seed: int, process_index: int = 0,
+                        process_count: int = 1,
+                        batch_multiple: int = 1) -> TrainIterator:
+  """Returns this process's endless iterator over shuffled training batches.
+
+  Args:
+    data_config: `config.data` (max_length, max_tokens, num_workers, ...).
+    tokenizer: Vocabulary of the ids.
+    seed: Seed of the data order; epoch e is shuffled with (seed, e).
+    process_index: This process, in [0, process_count).
+    process_count: Processes sharing each global batch.
+    batch_multiple: Local batch sizes are multiples of it (devices per process).
+  """
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index {process_index} not in [0, {process_count})')
+  source, target = _split_ids(data_config, tokenizer, 'train')
+  # EOS (source, target) and BOS (decoder input) add one token per side.
+  plan = batching.make_plan(
+      source.lengths + 1, target.lengths + 1,
+      max_length=data_config.max_length, max_tokens=data_config.max_tokens,
+      batch_multiple=batch_multiple * process_count, seed=seed)
+  num_filtered = len(source) - len(plan.example_ids)
+  logging.info('Training on %d pairs in %d batches per epoch; %d pairs longer '
+               'than max_length=%d tokens are left out', len(plan.example_ids),
+               plan.batches_per_epoch, num_filtered, data_config.max_length)
+
+  # Prefetching threads may straddle two epochs.
+  epoch_batches = functools.lru_cache(maxsize=2)(plan.epoch_batches)
+
+  def make_batch(index: int, _) -> dict[str, np.ndarray]:
+    epoch, position = divmod(index, plan.batches_per_epoch)
+    bucket, ids = epoch_batches(epoch)[position]
+    rows = np.full(plan.batch_sizes[bucket], -1, np.int64)
+    rows[:len(ids)] = ids
+    local = len(rows) // process_count
+    rows = rows[process_index * local:(process_index + 1) * local]
+    length = plan.lengths[bucket]
+    batch = assemble(source, target, rows, length, length)
+    batch['epoch'] = np.asarray(epoch, np.int32)
+    return batch
+
+  dataset = (grain.MapDataset.range(plan.batches_per_epoch).repeat()
+             .map_with_index(make_batch))
+  read_options = grain.ReadOptions(num_threads=data_config.num_workers,
+                                   prefetch_buffer_size=2 * data_config.num_workers)
+  iterator = iter(dataset.to_iter_dataset(read_options))
+  return TrainIterator(iterator, plan, num_filtered, process_count)
+
+
+def make_eval_batches(data_config, tokenizer: tokenizer_lib.Tokenizer,
+                      split: str, batch_size: int) -> list[dict[str, np.ndarray]]:
+  """Returns every pair of `split` in source order, none dropped or truncated.
+
+  Batches have `batch_size` rows (the last one padded) and lengths padded to
+  the longest sequence of the batch rounded up to a multiple of 8.
+  """
+  source, target = _split_ids(data_config, tokenizer, split)
+  batches = []
+  for start in range(0, len(source), batch_size):
+    rows = np.arange(start, start + batch_size)
+    rows[rows >= len(source)] = -1
+    real = rows[rows >= 0]
+    batches.append(assemble(
+        source, target, rows,
+        batching.round_up(int(source.lengths[real].max()) + 1, 8),
+        batching.round_up(int(target.lengths[real].max()) + 1, 8)))
+  return batches
+
+
+def assemble(source: token_ids.RaggedIds, target: token_ids.RaggedIds,
+             rows: np.ndarray, source_length: int,
+             target_length: int) -> dict[str, np.ndarray]:
+  """Builds the padded arrays of the pairs `rows` (-1: padding row).
+
+  Args:
+    source: Source token ids of the split, no EOS.
+    target: Target token ids of the split, no EOS.
+    rows: [B] pair ids, -1 for all-padding rows.
+    source_length: S, at least the longest source + 1.
+    target_length: T, at least the longest target + 1.
+  """
+  decoder_target = _pad(target, rows, target_length, shift=0,
+                        marker=tokenizer_lib.EOS_ID)
+  return {
+      'encoder_input_tokens': _pad(source, rows, source_length, shift=0,
+                                   marker=tokenizer_lib.EOS_ID),
+      'decoder_input_tokens': _pad(target, rows, target_length, shift=1,
+                                   marker=tokenizer_lib.BOS_ID),
+      'decoder_target_tokens': decoder_target,
+      'decoder_target_weights': (decoder_target != tokenizer_lib.PAD_ID).astype(
+          np.float32),
+      'example_index': rows.astype(np.int32),
+  }
+
+
+def _pad(ragged: token_ids.RaggedIds, rows: np.ndarray, width: int, *,
+         shift: int, marker: int) -> np.ndarray:
+  """[B, width] ids of `rows`, shifted right by `shift` (0 or 1), 0-padded.
+
+  `marker` goes at position 0 when shift is 1 (BOS), else right after the
+  sequence (EOS).
+  """
+  out = np.zeros((len(rows), width), np.int32)
+  real = np.flatnonzero(rows >= 0)
+  starts = ragged.offsets[rows[real]]
+  lengths = ragged.offsets[rows[real] + 1] - starts
+  # One entry per token of the batch: its row, and its column in the sequence.
+  token_rows = np.repeat(real, lengths)
+  columns = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths,
+                                                 lengths)
+  out[token_rows, columns + shift] = ragged.ids[np.repeat(starts, lengths) +
+                                                columns]
+  out[real, 0 if shift else lengths] = marker
+  return out
+
+
+def _split_ids(data_config, tokenizer: tokenizer_lib.Tokenizer, split: str):
+  """Returns the (source, target) token ids of `split`."""
+  source_lang, target_lang = datasets.language_pair(data_config)
+  ids = token_ids.load(data_config, tokenizer, split)
+  return ids[source_lang], ids[target_lang]

@@ -1,0 +1,65 @@
+"""Token ids of whole splits, computed once per vocabulary and cached on disk.
+
+Tokenizing is done here once per split, so the per-batch work of the pipeline
+is numpy indexing only. The cache lives at
+`<cache_dir>/token_ids/<dataset>-<dataset_config>-<tokenizer fingerprint>/<split>.npz`,
+so a retrained vocabulary never meets stale ids.
+"""
+
+import dataclasses
+import os
+import tempfile
+
+import numpy as np
+
+from data import builder
+from data import datasets
+from data import tokenizer as tokenizer_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedIds:
+  """Variable-length sequences stored flat: sequence i is ids[offsets[i]:offsets[i + 1]]."""
+  ids: np.ndarray  # [total] int32
+  offsets: np.ndarray  # [N + 1] int64
+
+  @classmethod
+  def from_lists(cls, sequences: list[list[int]]) -> 'RaggedIds':
+    offsets = np.zeros(len(sequences) + 1, np.int64)
+    np.cumsum([len(s) for s in sequences], out=offsets[1:])
+    ids = np.fromiter((i for s in sequences for i in s), np.int32,
+                      count=offsets[-1])
+    return cls(ids, offsets)
+
+  def __len__(self) -> int:
+    return len(self.offsets) - 1
+
+  @property
+  def lengths(self) -> np.ndarray:
+    """[N] tokens of each sequence."""
+    return np.diff(self.offsets)
+
+
+def load(data_config, tokenizer: tokenizer_lib.Tokenizer,
+         split: str) -> dict[str, RaggedIds]:
+  """Returns language -> token ids (no EOS) of every example of `split`, in source order."""
+  datasets.check_split(data_config.dataset, split)
+  folder = (datasets.cache_dir(data_config) / 'token_ids' /
+            f'{data_config.dataset}-{data_config.dataset_config}-'
+            f'{tokenizer.fingerprint}')
+  path = folder / f'{split}.npz'
+  if not path.exists():
+    examples = datasets.load_examples(data_config, split)
+    arrays = {}
+    for lang in builder.LANGUAGES:
+      ragged = RaggedIds.from_lists(tokenizer.encode_batch(examples[lang]))
+      arrays[f'{lang}_ids'], arrays[f'{lang}_offsets'] = ragged.ids, ragged.offsets
+    folder.mkdir(parents=True, exist_ok=True)
+    # Renamed into place once complete: concurrent processes may write it too.
+    with tempfile.NamedTemporaryFile(dir=folder, suffix='.tmp',
+                                     delete=False) as f:
+      np.savez(f, **arrays)
+    os.replace(f.name, path)
+  with np.load(path) as arrays:
+    return {lang: RaggedIds(arrays[f'{lang}_ids'], arrays[f'{lang}_offsets'])
+            for lang in builder.LANGUAGES}

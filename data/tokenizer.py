@@ -1,0 +1,112 @@
+"""Joint sentencepiece vocabulary over both languages of a dataset.
+
+The model is trained on the training split of both languages once per
+(dataset, dataset_config, vocab_type, vocab_size) and cached as
+`<cache_dir>/tokenizers/<dataset>-<dataset_config>-<vocab_type>-<vocab_size>.model`.
+Options are chosen so that `decode(encode(text)) == text`: no normalisation,
+whitespace kept as is, and byte fallback instead of an unknown token.
+"""
+
+import hashlib
+import io
+import os
+from pathlib import Path
+import tempfile
+from typing import Sequence
+
+from absl import logging
+import numpy as np
+import sentencepiece as spm
+
+from data import builder
+from data import datasets
+
+PAD_ID = 0
+EOS_ID = 1
+BOS_ID = 2
+UNK_ID = 3
+VOCAB_TYPES = ('unigram', 'bpe')
+# More sentences than this are sampled down; both datasets stay below it.
+_MAX_TRAINING_SENTENCES = 2_000_000
+
+
+class Tokenizer:
+  """Text <-> token ids with a sentencepiece model and the fixed special ids."""
+
+  def __init__(self, model_path: str | Path):
+    self.model_path = Path(model_path)
+    model = self.model_path.read_bytes()
+    self._processor = spm.SentencePieceProcessor(model_proto=model)
+    # Identifies the vocabulary in caches of token ids.
+    self.fingerprint = hashlib.sha256(model).hexdigest()[:16]
+
+  @property
+  def vocab_size(self) -> int:
+    return self._processor.get_piece_size()
+
+  def encode(self, text: str) -> list[int]:
+    """Returns the token ids of `text`, without BOS or EOS."""
+    return self._processor.encode(text, out_type=int)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """`encode` over many texts, on all cores."""
+    return self._processor.encode(list(texts), out_type=int,
+                                  num_threads=os.cpu_count())
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    """Returns the text of `ids`, up to the first EOS, ignoring PAD and BOS."""
+    ids = [int(i) for i in ids]
+    if EOS_ID in ids:
+      ids = ids[:ids.index(EOS_ID)]
+    return self._processor.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
+
+
+def tokenizer_path(data_config) -> Path:
+  """Where the tokenizer of `data_config` is (or will be) cached."""
+  name = (f'{data_config.dataset}-{data_config.dataset_config}-'
+          f'{data_config.vocab_type}-{data_config.vocab_size}.model')
+  return datasets.cache_dir(data_config) / 'tokenizers' / name
+
+
+def get_tokenizer(data_config) -> Tokenizer:
+  """Loads the cached tokenizer of `data_config`, training it first if absent."""
+  if data_config.vocab_type not in VOCAB_TYPES:
+    raise ValueError(f'Unknown vocab_type {data_config.vocab_type!r}; '
+                     f'valid: {", ".join(VOCAB_TYPES)}')
+  path = tokenizer_path(data_config)
+  if not path.exists():
+    examples = datasets.load_examples(data_config, 'train')
+    sentences = [line for lang in builder.LANGUAGES for line in examples[lang]]
+    logging.info('Training a %d-piece %s sentencepiece model on %d sentences',
+                 data_config.vocab_size, data_config.vocab_type, len(sentences))
+    _train(sentences, path, data_config.vocab_type, data_config.vocab_size)
+  return Tokenizer(path)
+
+
+def _train(sentences: list[str], path: Path, vocab_type: str,
+           vocab_size: int) -> None:
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sentences),
+      model_writer=model,
+      model_type=vocab_type,
+      vocab_size=vocab_size,
+      character_coverage=1.0,
+      byte_fallback=True,
+      normalization_rule_name='identity',
+      remove_extra_whitespaces=False,
+      input_sentence_size=_MAX_TRAINING_SENTENCES,
+      shuffle_input_sentence=True,
+      # Sentences longer than the 4192-byte default would be skipped silently.
+      max_sentence_length=1 << 16,
+      num_threads=os.cpu_count(),
+      pad_id=PAD_ID, eos_id=EOS_ID, bos_id=BOS_ID, unk_id=UNK_ID,
+      minloglevel=2,
+  )
+  path.parent.mkdir(parents=True, exist_ok=True)
+  # Written under a temporary name and renamed, so that concurrent runs never
+  # read a half-written model.
+  with tempfile.NamedTemporaryFile(dir=path.parent, suffix='.tmp',
+                                   delete=False) as f:
+    f.write(model.getvalue())
+  os.replace(f.name, path)

@@ -1,0 +1,124 @@
+"""Every bad input gives one clear, one-line error before any data is written."""
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from data import datasets
+from data import sources
+from data import tokenizer as tokenizer_lib
+from tests import data_fixtures
+from tests.data_fixtures import multi30k_config  # pylint: disable=unused-import
+
+
+def _prepare_error(tmp_path: Path, source: Path, expected: type, **overrides):
+  """Prepares from `source`, returning the error's message; checks nothing was written."""
+  config = data_fixtures.data_config(
+      source_dir=str(source), cache_dir=str(tmp_path / 'cache'), **overrides)
+  with pytest.raises(expected) as error:
+    datasets.get_data_sources(config)
+  message = str(error.value)
+  assert '\n' not in message
+  assert not list((tmp_path / 'cache').rglob('*.array_record*'))
+  return message
+
+
+def _rewrite(path: Path, content: bytes) -> None:
+  with gzip.open(path, 'wb') as f:
+    f.write(content)
+
+
+def test_missing_folder(tmp_path):
+  message = _prepare_error(tmp_path, tmp_path / 'nowhere',
+                           sources.MissingSourceError)
+  assert str(tmp_path / 'nowhere') in message
+
+
+def test_missing_folder_under_the_environment_root(tmp_path, monkeypatch):
+  monkeypatch.setenv(sources.ENV_VAR, str(tmp_path))
+  config = data_fixtures.data_config(cache_dir=str(tmp_path / 'cache'))
+  with pytest.raises(FileNotFoundError, match=str(tmp_path / 'multi30k')):
+    datasets.get_data_sources(config)
+
+
+def test_missing_file_names_the_exact_file(tmp_path):
+  source = data_fixtures.write_multi30k(tmp_path / 'multi30k')
+  (source / 'raw' / 'val.en.gz').unlink()
+  (source / 'tok' / 'test_2018_flickr.lc.norm.tok.de.gz').unlink()
+  message = _prepare_error(tmp_path, source, FileNotFoundError)
+  assert str(source) in message
+  assert 'raw/val.en.gz' in message
+  assert 'tok/test_2018_flickr.lc.norm.tok.de.gz' in message
+  assert 'raw/val.de.gz' not in message
+
+
+def test_mismatched_line_counts(tmp_path):
+  source = data_fixtures.write_multi30k(tmp_path / 'multi30k')
+  _rewrite(source / 'raw' / 'train.en.gz', b'one\ntwo\nthree\nfour\n')
+  message = _prepare_error(tmp_path, source, sources.SourceError)
+  assert 'train.en.gz has 4 lines' in message
+  assert 'train.de.gz has 3' in message
+
+
+def test_empty_file(tmp_path):
+  source = data_fixtures.write_multi30k(tmp_path / 'multi30k')
+  _rewrite(source / 'tok' / 'val.lc.norm.tok.de.gz', b'')
+  message = _prepare_error(tmp_path, source, sources.SourceError)
+  assert message == f'{source}/tok/val.lc.norm.tok.de.gz is empty'
+
+
+def test_empty_line(tmp_path):
+  source = data_fixtures.write_multi30k(tmp_path / 'multi30k')
+  _rewrite(source / 'raw' / 'test_2016_flickr.de.gz', b'eins\n \ndrei\n')
+  message = _prepare_error(tmp_path, source, sources.SourceError)
+  assert message == f'{source}/raw/test_2016_flickr.de.gz: line 2 is empty'
+
+
+def test_undecodable_bytes(tmp_path):
+  source = data_fixtures.write_multi30k(tmp_path / 'multi30k')
+  _rewrite(source / 'raw' / 'train.de.gz', b'eins\nzwei\ndr\xffei\n')
+  message = _prepare_error(tmp_path, source, sources.SourceError)
+  assert message.startswith(
+      f'{source}/raw/train.de.gz: line 3 is not valid UTF-8')
+
+
+def test_iwslt14_without_text_or_archive(tmp_path):
+  (tmp_path / 'iwslt14').mkdir()
+  message = _prepare_error(tmp_path, tmp_path / 'iwslt14', FileNotFoundError,
+                           dataset='iwslt14')
+  assert 'train.de.gz, train.en.gz, valid.de.gz' in message
+  assert 'de-en.tgz' in message
+
+
+def test_unknown_split(multi30k_config):
+  with pytest.raises(ValueError, match="Unknown multi30k split 'test'; valid: "
+                     'train, validation, test_2016, test_2017, '
+                     'test_mscoco_2017, test_2018'):
+    datasets.load_split_text(multi30k_config, 'test')
+
+
+def test_unknown_dataset():
+  config = data_fixtures.data_config(dataset='wmt14')
+  with pytest.raises(ValueError, match="Unknown dataset 'wmt14'; valid: "
+                     'multi30k, iwslt14'):
+    datasets.get_data_sources(config)
+
+
+def test_unknown_dataset_config():
+  config = data_fixtures.data_config(dataset_config='cased')
+  with pytest.raises(ValueError, match='valid: original, tokenized'):
+    datasets.get_data_sources(config)
+
+
+def test_unknown_vocab_type():
+  config = data_fixtures.data_config(vocab_type='wordpiece')
+  with pytest.raises(ValueError, match='valid: unigram, bpe'):
+    tokenizer_lib.get_tokenizer(config)
+
+
+def test_languages_must_be_the_pair():
+  config = data_fixtures.data_config(source_lang='de', target_lang='fr')
+  with pytest.raises(ValueError, match="must be the two languages"):
+    datasets.language_pair(config)
+

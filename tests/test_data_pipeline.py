@@ -1,0 +1,165 @@
+"""Training and evaluation batches: content, budget, coverage, resumption, shards."""
+
+import json
+
+import numpy as np
+import pytest
+
+from data import datasets
+from data import pipeline
+from data import tokenizer as tokenizer_lib
+from tests.data_fixtures import multi30k_config, multi30k_tokenizer  # pylint: disable=unused-import
+
+_KEYS = {'encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',
+         'decoder_target_weights', 'example_index', 'epoch'}
+
+
+def _take(iterator, count):
+  return [next(iterator) for _ in range(count)]
+
+
+def _assert_same_batches(first, second):
+  assert len(first) == len(second)
+  for a, b in zip(first, second):
+    assert a.keys() == b.keys()
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_batches_hold_the_shifted_pairs(multi30k_config, multi30k_tokenizer):
+  iterator = pipeline.make_train_iterator(multi30k_config, multi30k_tokenizer,
+                                          seed=0)
+  text = datasets.load_split_text(multi30k_config, 'train')
+  for batch in _take(iterator, 3):
+    assert set(batch) == _KEYS
+    assert batch['encoder_input_tokens'].dtype == np.int32
+    assert batch['decoder_target_weights'].dtype == np.float32
+    targets = batch['decoder_target_tokens']
+    np.testing.assert_array_equal(batch['decoder_target_weights'], targets != 0)
+    for row, index in enumerate(batch['example_index']):
+      if index < 0:
+        assert not batch['encoder_input_tokens'][row].any()
+        assert not batch['decoder_target_weights'][row].any()
+        continue
+      source = batch['encoder_input_tokens'][row]
+      assert multi30k_tokenizer.decode(source) == text.source[index]
+      assert source[np.count_nonzero(source) - 1] == tokenizer_lib.EOS_ID
+      assert multi30k_tokenizer.decode(targets[row]) == text.reference[index]
+      shifted = np.concatenate([[tokenizer_lib.BOS_ID], targets[row, :-1]])
+      shifted[shifted == tokenizer_lib.EOS_ID] = 0
+      np.testing.assert_array_equal(batch['decoder_input_tokens'][row], shifted)
+
+
+def test_an_epoch_covers_every_kept_pair_once_within_budget(multi30k_config,
+                                                            multi30k_tokenizer):
+  multi30k_config.max_length = 24
+  multi30k_config.max_tokens = 2000
+  iterator = pipeline.make_train_iterator(
+      multi30k_config, multi30k_tokenizer, seed=3, batch_multiple=8)
+  text = datasets.load_split_text(multi30k_config, 'train')
+  too_long = {i for i, (source, target) in enumerate(zip(text.source,
+                                                         text.reference))
+              if max(len(multi30k_tokenizer.encode(source)),
+                     len(multi30k_tokenizer.encode(target))) + 1 > 24}
+  assert iterator.num_filtered == len(too_long) > 0
+  assert len(iterator.batch_shapes) == 3  # Buckets of length 8, 16 and 24.
+
+  batches = _take(iterator, iterator.batches_per_epoch)
+  seen = np.concatenate([b['example_index'] for b in batches])
+  seen = seen[seen >= 0]
+  assert len(seen) == len(set(seen.tolist())) == 29000 - len(too_long)
+  assert not too_long & set(seen.tolist())
+  for batch in batches:
+    rows, length = batch['encoder_input_tokens'].shape
+    assert rows * length <= 2000 and rows % 8 == 0
+    assert (rows, length) in iterator.batch_shapes
+    assert batch['decoder_target_tokens'].shape == (rows, length)
+    assert batch['epoch'] == 0
+  next_epoch = next(iterator)
+  assert next_epoch['epoch'] == 1
+
+
+def test_epochs_are_reshuffled_deterministically(multi30k_config,
+                                                 multi30k_tokenizer):
+  def first_rows(seed, skip_epochs=0):
+    iterator = pipeline.make_train_iterator(multi30k_config, multi30k_tokenizer,
+                                            seed=seed)
+    _take(iterator, skip_epochs * iterator.batches_per_epoch)
+    return next(iterator)['example_index']
+
+  np.testing.assert_array_equal(first_rows(0), first_rows(0))
+  assert not np.array_equal(first_rows(0), first_rows(1))
+  assert not np.array_equal(first_rows(0), first_rows(0, skip_epochs=1))
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_resuming_from_state_gives_the_same_batches(multi30k_config,
+                                                    multi30k_tokenizer,
+                                                    num_workers):
+  multi30k_config.num_workers = num_workers
+  iterator = pipeline.make_train_iterator(multi30k_config, multi30k_tokenizer,
+                                          seed=5)
+  # Stop just before an epoch boundary, so resuming crosses it.
+  _take(iterator, iterator.batches_per_epoch - 2)
+  state = json.loads(json.dumps(iterator.get_state()))
+  expected = _take(iterator, 4)
+  assert [int(b['epoch']) for b in expected] == [0, 0, 1, 1]
+
+  resumed = pipeline.make_train_iterator(multi30k_config, multi30k_tokenizer,
+                                         seed=5)
+  resumed.set_state(state)
+  _assert_same_batches(_take(resumed, 4), expected)
+
+
+def test_process_shards_are_disjoint_and_cover_the_global_batch(
+    multi30k_config, multi30k_tokenizer):
+  make = lambda **kwargs: pipeline.make_train_iterator(
+      multi30k_config, multi30k_tokenizer, seed=7, **kwargs)
+  single = make(batch_multiple=4)
+  shards = [make(process_index=i, process_count=2, batch_multiple=2)
+            for i in range(2)]
+  assert shards[0].batches_per_epoch == single.batches_per_epoch
+  for _ in range(20):
+    whole = next(single)
+    parts = [next(shard) for shard in shards]
+    assert parts[0]['encoder_input_tokens'].shape == (
+        parts[1]['encoder_input_tokens'].shape)
+    for key in ('encoder_input_tokens', 'decoder_target_tokens',
+                'example_index'):
+      np.testing.assert_array_equal(
+          np.concatenate([p[key] for p in parts]), whole[key])
+    assert len(parts[0]['example_index']) % 2 == 0
+    real = [set(p['example_index'][p['example_index'] >= 0].tolist())
+            for p in parts]
+    assert not real[0] & real[1]
+
+
+def test_too_small_token_budget(multi30k_config, multi30k_tokenizer):
+  multi30k_config.max_tokens = 100
+  with pytest.raises(ValueError, match='max_tokens=100 cannot hold'):
+    pipeline.make_train_iterator(multi30k_config, multi30k_tokenizer, seed=0)
+
+
+def test_eval_batches_keep_every_pair_in_source_order(multi30k_config,
+                                                      multi30k_tokenizer):
+  batches = pipeline.make_eval_batches(multi30k_config, multi30k_tokenizer,
+                                       'test_2016', batch_size=64)
+  index = np.concatenate([b['example_index'] for b in batches])
+  assert len(index) == 16 * 64
+  np.testing.assert_array_equal(index[:1000], np.arange(1000))
+  assert (index[1000:] == -1).all()
+  text = datasets.load_split_text(multi30k_config, 'test_2016')
+  last = batches[-1]
+  assert multi30k_tokenizer.decode(last['encoder_input_tokens'][39]) == (
+      text.source[999])
+  assert not last['decoder_target_weights'][40:].any()
+  for batch in batches:
+    assert set(batch) == _KEYS - {'epoch'}
+    assert batch['encoder_input_tokens'].shape[1] % 8 == 0
+    assert batch['decoder_target_tokens'].shape[1] % 8 == 0
+    # Nothing was truncated: every sequence ends with EOS inside the batch.
+    for key in ('encoder_input_tokens', 'decoder_target_tokens'):
+      real = batch[key][batch['example_index'] >= 0]
+      lengths = np.count_nonzero(real, axis=1)
+      assert (real[np.arange(len(real)), lengths - 1] == tokenizer_lib.EOS_ID
+             ).all()
