@@ -1,0 +1,157 @@
+"""Schedules against their closed forms and optimizers against hand-computed updates."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import base
+from training import optimizer
+
+PEAK = 2e-3
+STEPS = np.array([0, 1, 5, 10, 11, 20, 49, 50, 73, 109, 110, 500])
+
+
+def _optim(**overrides):
+  optim = base.get_config().optim
+  optim.learning_rate = PEAK
+  optim.update(overrides)
+  return optim
+
+
+def _evaluate(schedule, steps):
+  # optax calls the schedule with an int32 count inside jit; do the same.
+  return np.asarray(jax.jit(jax.vmap(schedule))(jnp.asarray(steps, jnp.int32)))
+
+
+def _reference(name, steps, *, warmup, total, steps_per_epoch=10, decay_epochs=(2, 5),
+               decay_factor=0.5):
+  t = steps.astype(np.float64)
+  after = t - warmup
+  if name == 'inverse_sqrt':
+    w = max(warmup, 1)
+    # The floor only keeps warmup steps, masked below, from dividing by zero.
+    decayed = PEAK * np.sqrt(w / np.maximum(after + w, 1))
+  elif name == 'cosine':
+    progress = np.minimum(after, total - warmup) / (total - warmup)
+    decayed = PEAK * 0.5 * (1 + np.cos(np.pi * progress))
+  elif name == 'linear':
+    decayed = PEAK * np.clip(1 - after / (total - warmup), 0, 1)
+  elif name == 'constant':
+    decayed = np.full_like(t, PEAK)
+  elif name == 'step':
+    passed = sum((t >= epoch * steps_per_epoch).astype(int) for epoch in decay_epochs)
+    decayed = PEAK * decay_factor**passed
+  warming = PEAK * t / warmup if warmup else 0.0
+  return np.where(t < warmup, warming, decayed)
+
+
+@pytest.mark.parametrize('warmup', [0, 10])
+@pytest.mark.parametrize('name', ['inverse_sqrt', 'cosine', 'linear', 'constant', 'step'])
+def test_schedule_matches_closed_form(name, warmup):
+  optim = _optim(schedule=name, warmup_steps=warmup, decay_epochs=(2, 5), decay_factor=0.5)
+  schedule = optimizer.make_schedule(optim, steps_per_epoch=10, total_steps=110)
+  np.testing.assert_allclose(
+      _evaluate(schedule, STEPS), _reference(name, STEPS, warmup=warmup, total=110),
+      rtol=1e-5, atol=1e-9)
+
+
+def test_inverse_sqrt_is_fairseq_after_warmup():
+  schedule = optimizer.make_schedule(
+      _optim(schedule='inverse_sqrt', warmup_steps=4000), steps_per_epoch=None,
+      total_steps=10)
+  np.testing.assert_allclose(
+      _evaluate(schedule, np.array([2000, 4000, 16000])),
+      [PEAK / 2, PEAK, PEAK * np.sqrt(4000 / 16000)], rtol=1e-6)
+
+
+@pytest.mark.parametrize('name', ['inverse_sqrt', 'cosine', 'linear', 'constant', 'step'])
+def test_no_warmup_starts_at_peak(name):
+  schedule = optimizer.make_schedule(
+      _optim(schedule=name, warmup_steps=0), steps_per_epoch=10, total_steps=100)
+  assert _evaluate(schedule, np.array([0]))[0] == pytest.approx(PEAK, rel=1e-6)
+
+
+def test_step_decays_at_epoch_boundaries():
+  schedule = optimizer.make_schedule(
+      _optim(schedule='step', warmup_steps=5, decay_epochs=(2, 5), decay_factor=0.1),
+      steps_per_epoch=100, total_steps=1000)
+  np.testing.assert_allclose(
+      _evaluate(schedule, np.array([5, 199, 200, 499, 500, 999])),
+      [PEAK, PEAK, PEAK * 0.1, PEAK * 0.1, PEAK * 0.01, PEAK * 0.01], rtol=1e-5)
+
+
+def test_step_decay_needs_steps_per_epoch():
+  with pytest.raises(ValueError, match='steps_per_epoch'):
+    optimizer.make_schedule(
+        _optim(schedule='step', decay_epochs=(3,)), steps_per_epoch=None, total_steps=100)
+
+
+@pytest.mark.parametrize('name', ['cosine', 'linear'])
+def test_decay_to_zero_needs_steps_after_warmup(name):
+  with pytest.raises(ValueError, match='warmup_steps=100'):
+    optimizer.make_schedule(
+        _optim(schedule=name, warmup_steps=100), steps_per_epoch=None, total_steps=100)
+
+
+@pytest.mark.parametrize('field, factory', [
+    ('schedule', optimizer.make_schedule),
+    ('optimizer', optimizer.make_optimizer),
+])
+def test_unknown_name_lists_valid_ones(field, factory):
+  optim = _optim(**{field: 'foo'})
+  with pytest.raises(ValueError, match=rf"config\.optim\.{field}='foo' is not one of: ") as err:
+    factory(optim, steps_per_epoch=None, total_steps=100)
+  valid = {'schedule': 'constant, cosine, inverse_sqrt, linear, step',
+           'optimizer': 'adam, adamw, sgd'}[field]
+  assert valid in str(err.value)
+
+
+@pytest.mark.parametrize('name', ['adam', 'sgd'])
+def test_weight_decay_needs_adamw(name):
+  with pytest.raises(ValueError, match="optimizer='adamw'"):
+    optimizer.make_optimizer(
+        _optim(optimizer=name, weight_decay=0.01), steps_per_epoch=None, total_steps=100)
+
+
+def _first_update(optim, grads, params):
+  tx, _ = optimizer.make_optimizer(optim, steps_per_epoch=None, total_steps=100)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  return updates
+
+
+def test_adam_first_step_closed_form():
+  optim = _optim(optimizer='adam', schedule='constant', warmup_steps=0, eps=1e-8)
+  grads = {'w': jnp.array([0.3, -2.0, 1e-3, 0.0])}
+  updates = _first_update(optim, grads, jax.tree.map(jnp.ones_like, grads))
+  # Bias correction makes the first moments g and g**2 exactly.
+  g = np.asarray(grads['w'])
+  np.testing.assert_allclose(updates['w'], -PEAK * g / (np.abs(g) + 1e-8), rtol=1e-6)
+
+
+def test_adamw_decays_weights_with_zero_gradient():
+  optim = _optim(optimizer='adamw', schedule='constant', warmup_steps=0, weight_decay=0.1)
+  params = {'w': jnp.array([1.0, -3.0])}
+  updates = _first_update(optim, jax.tree.map(jnp.zeros_like, params), params)
+  np.testing.assert_allclose(updates['w'], -PEAK * 0.1 * np.array([1.0, -3.0]), rtol=1e-6)
+
+
+@pytest.mark.parametrize('scale, expected_norm', [(100.0, 1.5), (1e-2, 0.13)])
+def test_clipping_bounds_the_update(scale, expected_norm):
+  optim = _optim(optimizer='sgd', b1=0.0, schedule='constant', warmup_steps=0,
+                 learning_rate=1.0, clip_norm=1.5)
+  # Global norm 13 * scale: clipped to clip_norm when large, untouched when small.
+  grads = {'a': scale * jnp.array([3.0, 4.0]), 'b': scale * jnp.array([[12.0]])}
+  updates = _first_update(optim, grads, grads)
+  norm = float(jnp.sqrt(sum(jnp.sum(u**2) for u in jax.tree.leaves(updates))))
+  assert norm == pytest.approx(expected_norm, rel=1e-5)
+
+
+def test_make_optimizer_returns_its_schedule():
+  optim = _optim(optimizer='sgd', b1=0.0, schedule='linear', warmup_steps=4)
+  tx, schedule = optimizer.make_optimizer(optim, steps_per_epoch=None, total_steps=20)
+  params = jnp.zeros(2)
+  state = tx.init(params)
+  for step in range(6):
+    updates, state = tx.update(jnp.ones(2), state, params)
+    np.testing.assert_allclose(updates, -schedule(step) * np.ones(2), rtol=1e-6)

@@ -1,0 +1,116 @@
+"""metrics.jsonl and TensorBoard records, status.json, the progress bar, divergence."""
+
+import io
+import json
+import math
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from training import run_log
+
+
+def test_metrics_jsonl_records(tmp_path):
+  writer = run_log.MetricsWriter(str(tmp_path), is_primary=True)
+  writer.write(10, {'train/loss': jnp.float32(2.5), 'lr': 1e-3, 'tokens': np.int64(4096)})
+  writer.write(20, {'train/loss': 1.25})
+  # Flushed per write: readable while the run is still going.
+  lines = (tmp_path / 'metrics.jsonl').read_text().splitlines()
+  writer.close()
+  records = [json.loads(line) for line in lines]
+  assert records == [
+      {'step': 10, 'train/loss': 2.5, 'lr': 1e-3, 'tokens': 4096},
+      {'step': 20, 'train/loss': 1.25},
+  ]
+  assert isinstance(records[0]['tokens'], int)
+
+
+def test_metrics_appends_on_resume(tmp_path):
+  for step in (1, 2):
+    writer = run_log.MetricsWriter(str(tmp_path), is_primary=True)
+    writer.write(step, {'loss': float(step)})
+    writer.close()
+  lines = (tmp_path / 'metrics.jsonl').read_text().splitlines()
+  assert [json.loads(line)['step'] for line in lines] == [1, 2]
+
+
+def test_tensorboard_event_file(tmp_path):
+  writer = run_log.MetricsWriter(str(tmp_path), is_primary=True)
+  writer.write(1, {'loss': 3.0})
+  writer.close()
+  events = [p for p in tmp_path.iterdir() if p.name.startswith('events.out.tfevents.')]
+  assert len(events) == 1 and events[0].stat().st_size > 0
+
+
+def test_non_primary_writes_nothing(tmp_path):
+  workdir = tmp_path / 'run'
+  writer = run_log.MetricsWriter(str(workdir), is_primary=False)
+  writer.write(1, {'loss': 3.0})
+  writer.close()
+  assert not workdir.exists()
+
+
+def test_status_is_replaced_whole(tmp_path):
+  run_log.write_status(str(tmp_path), 'running', step=5, message='training')
+  first = json.loads((tmp_path / 'status.json').read_text())
+  assert first['state'] == 'running' and first['step'] == 5
+  assert first['message'] == 'training' and first['updated'].endswith('+00:00')
+
+  run_log.write_status(str(tmp_path), 'finished', step=100)
+  second = json.loads((tmp_path / 'status.json').read_text())
+  assert second['state'] == 'finished' and second['step'] == 100
+  assert 'message' not in second
+  assert os.listdir(tmp_path) == ['status.json']
+
+
+def test_invalid_status_raises(tmp_path):
+  with pytest.raises(ValueError, match="'done' is not one of: running, finished"):
+    run_log.write_status(str(tmp_path), 'done')
+  assert not (tmp_path / 'status.json').exists()
+
+
+@pytest.mark.parametrize('loss, grad_norm, bad', [
+    (float('nan'), 1.0, 'loss=nan'),
+    (jnp.float32(2.0), jnp.float32(jnp.inf), 'grad_norm=inf'),
+    (-math.inf, 1.0, 'loss=-inf'),
+])
+def test_check_finite_raises(loss, grad_norm, bad):
+  with pytest.raises(run_log.DivergenceError, match=f'at step 1234: .*{bad}') as err:
+    run_log.check_finite(1234, loss, grad_norm)
+  assert err.value.step == 1234
+
+
+def test_check_finite_passes_finite_values():
+  run_log.check_finite(1, jnp.float32(2.0), 0.5)
+
+
+class _Terminal(io.StringIO):
+
+  def isatty(self):
+    return True
+
+
+def _draw(stream, steps=3):
+  bar = run_log.ProgressBar(total_steps=steps, initial_step=0, file=stream)
+  for step in range(1, steps + 1):
+    bar.update(step, loss=jnp.float32(2.3456), lr=1e-3, tok_s=12345.0)
+  bar.close()
+  return stream.getvalue()
+
+
+def test_progress_bar_draws_on_a_terminal(monkeypatch):
+  monkeypatch.delenv('CI', raising=False)
+  output = _draw(_Terminal())
+  assert '3/3' in output and 'loss=2.35, lr=0.001, tok_s=12345' in output
+
+
+def test_progress_bar_quiet_under_ci(monkeypatch):
+  monkeypatch.setenv('CI', 'true')
+  assert _draw(_Terminal()) == ''
+
+
+def test_progress_bar_quiet_when_not_a_terminal(monkeypatch):
+  monkeypatch.delenv('CI', raising=False)
+  assert _draw(io.StringIO()) == ''

@@ -1,0 +1,1 @@
+"""Training infrastructure: optimizer and schedule, checkpoints, run logging."""

@@ -1,0 +1,169 @@
+"""Train-state checkpoints in WORKDIR/checkpoints, kept by orbax.
+
+Each step directory holds two items: `state`, the pytree of arrays (params,
+optimizer state, step), and `extra`, JSON with whatever is needed to resume
+exactly (data-iterator state, RNG as a list of ints, epoch).
+
+Retention is orbax's `AnyPreservationPolicy(LatestN(keep), BestN(n=1))`: the
+`keep` most recent checkpoints plus the one with the lowest validation loss.
+
+A save never damages the previous checkpoint: orbax writes into
+`<step>.orbax-checkpoint-tmp*` and renames it to `<step>` only when complete
+(on GCS, which has no atomic rename, it writes a commit_success.txt marker
+instead). An interrupted save leaves a tmp directory that step listing ignores
+and the next manager removes (`cleanup_tmp_directories`).
+
+Multi-host: every process must call `save` and `restore`; orbax elects the
+primary process for directory and metadata writes and synchronises the rest.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+from etils import epath
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers
+
+PyTree = Any
+
+
+class Checkpointer:
+  """Saves and restores (state, extra) pairs every `save_every` steps.
+
+  Saves are asynchronous: `save` returns once arrays are copied off the
+  device, and the write finishes in a background thread.
+  """
+
+  def __init__(
+      self,
+      workdir: str | epath.PathLike,
+      *,
+      keep: int,
+      save_every: int,
+      best_metric: str = 'val_loss',
+  ):
+    """Opens (or creates) WORKDIR/checkpoints.
+
+    Args:
+      workdir: Run directory; relative local paths are made absolute, as orbax
+        requires.
+      keep: Most recent checkpoints kept (`config.train.keep_checkpoints`).
+      save_every: Steps between saves (`config.train.checkpoint_every`); `save`
+        skips other steps unless forced.
+      best_metric: Key of the `metrics` passed to `save` that ranks checkpoints;
+        lower is better.
+    """
+    if keep < 1 or save_every < 1:
+      raise ValueError(f'keep={keep} and save_every={save_every} must be >= 1.')
+    directory = epath.Path(workdir) / 'checkpoints'
+    if not directory.is_absolute():
+      directory = directory.resolve()
+    self._best_metric = best_metric
+    get_metric = lambda metrics: metrics[best_metric]
+    options = ocp.CheckpointManagerOptions(
+        # Not orbax's default policy, which also saves the first step it sees.
+        save_decision_policy=checkpoint_managers.AnySavePolicy([
+            checkpoint_managers.FixedIntervalPolicy(save_every),
+            checkpoint_managers.PreemptionCheckpointingPolicy(),
+        ]),
+        preservation_policy=checkpoint_managers.AnyPreservationPolicy([
+            checkpoint_managers.LatestN(n=keep),
+            checkpoint_managers.BestN(
+                get_metric_fn=get_metric, reverse=True, n=1,
+                keep_checkpoints_without_metrics=False),
+        ]),
+        # Retention comes from preservation_policy; best_fn makes orbax store the
+        # metrics with each step and answer best_step().
+        best_fn=get_metric,
+        best_mode='min',
+        cleanup_tmp_directories=True,
+    )
+    self._manager = ocp.CheckpointManager(directory, options=options)
+
+  @property
+  def directory(self) -> epath.Path:
+    """WORKDIR/checkpoints, absolute."""
+    return self._manager.directory
+
+  def save(
+      self,
+      step: int,
+      state: PyTree,
+      extra: Mapping[str, Any],
+      metrics: Mapping[str, float] | None = None,
+      force: bool = False,
+  ) -> bool:
+    """Saves a checkpoint if `step` is due (a multiple of save_every) or forced.
+
+    Pass `metrics` (with `best_metric`) when the step was just evaluated, so
+    the checkpoint competes for best; checkpoints without them are kept only
+    while among the latest.
+
+    Args:
+      step: Optimizer step the state is at.
+      state: Pytree of arrays; jax arrays keep their sharding on restore.
+      extra: JSON-serialisable resume data.
+      metrics: Evaluation metrics of this state, e.g. {'val_loss': 2.31}.
+      force: Save even when the step is not due, e.g. at the end of training.
+
+    Returns:
+      Whether a save started. Steps already saved are skipped, so a forced save
+      at the end may coincide with a regular one.
+    """
+    if metrics is not None:
+      if self._best_metric not in metrics:
+        raise ValueError(
+            f'metrics {sorted(metrics)} lack {self._best_metric!r}, which ranks'
+            ' checkpoints.')
+      # orbax stores metrics as JSON, which device scalars are not.
+      metrics = {name: float(value) for name, value in metrics.items()}
+    if step in self._manager.all_steps():
+      return False
+    return self._manager.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave(dict(extra))),
+        metrics=metrics,
+        force=force,
+    )
+
+  def restore(self, step: int, target: PyTree) -> tuple[PyTree, dict[str, Any]]:
+    """Restores the checkpoint at `step`.
+
+    Args:
+      step: A step from `all_steps()`, usually `latest_step()`.
+      target: Pytree with the saved structure, of arrays or of
+        `jax.ShapeDtypeStruct`s (e.g. from `jax.eval_shape`); restored arrays
+        take its shapes, dtypes and shardings.
+
+    Returns:
+      `(state, extra)`.
+    """
+    # A save of this step may still be writing in the background.
+    self._manager.wait_until_finished()
+    restored = self._manager.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), extra=ocp.args.JsonRestore()),
+    )
+    return restored.state, restored.extra
+
+  def latest_step(self) -> int | None:
+    """The newest saved step, or None when there is none (a fresh run)."""
+    return self._manager.latest_step()
+
+  def best_step(self) -> int | None:
+    """The saved step with the lowest `best_metric`, or None if none has metrics."""
+    return self._manager.best_step()
+
+  def all_steps(self) -> list[int]:
+    """Saved steps, oldest first."""
+    return sorted(self._manager.all_steps())
+
+  def wait_until_finished(self) -> None:
+    """Blocks until background writes are complete."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    """Finishes pending writes and releases orbax's threads."""
+    self._manager.close()

@@ -1,0 +1,190 @@
+"""Optimizer and learning-rate schedule built from `config.optim`.
+
+Every schedule warms up linearly from 0 to the peak `optim.learning_rate` over
+`optim.warmup_steps` (W), then follows `optim.schedule`. With t the number of
+updates already applied (optax's count, so the first update uses lr(0)) and
+P the peak:
+
+  inverse_sqrt  P * sqrt(w / (t - W + w)) with w = max(W, 1): fairseq's
+                P * sqrt(W / t) when W > 0; with W = 0 it starts at P and
+                decays as P / sqrt(t + 1) instead of dividing by zero.
+  cosine        P * (1 + cos(pi * (t - W) / (T - W))) / 2, reaching 0 at
+                T = total_steps and staying there.
+  linear        P * (1 - (t - W) / (T - W)), reaching 0 at T.
+  constant      P.
+  step          P * decay_factor ** #{e in decay_epochs: t >= e * steps_per_epoch};
+                an epoch that ends inside the warmup takes effect when it ends.
+
+W = 0 skips the warmup, so every schedule starts at P.
+"""
+
+import collections
+from collections.abc import Callable
+
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+# Builds the part of a schedule after warmup; it counts steps from the end of warmup.
+_DecayBuilder = Callable[[ml_collections.ConfigDict, int, int | None], optax.Schedule]
+
+
+def _inverse_sqrt(optim, decay_steps, steps_per_epoch):
+  del decay_steps, steps_per_epoch
+  peak = optim.learning_rate
+  scale = max(optim.warmup_steps, 1)
+  # optax 0.2.8 has no inverse-square-root decay, and polynomial_schedule clips
+  # its count to a finite horizon, so this one is written out.
+  return lambda count: peak * jnp.sqrt(scale / (count + scale))
+
+
+def _require_decay_steps(optim, decay_steps):
+  if decay_steps <= 0:
+    raise ValueError(
+        f'config.optim.schedule={optim.schedule!r} decays to 0 at the last step, so it'
+        f' needs more total steps than config.optim.warmup_steps={optim.warmup_steps}'
+        f' (total steps: {decay_steps + optim.warmup_steps}).')
+
+
+def _cosine(optim, decay_steps, steps_per_epoch):
+  del steps_per_epoch
+  _require_decay_steps(optim, decay_steps)
+  return optax.cosine_decay_schedule(optim.learning_rate, decay_steps)
+
+
+def _linear(optim, decay_steps, steps_per_epoch):
+  del steps_per_epoch
+  _require_decay_steps(optim, decay_steps)
+  return optax.linear_schedule(optim.learning_rate, 0.0, decay_steps)
+
+
+def _constant(optim, decay_steps, steps_per_epoch):
+  del decay_steps, steps_per_epoch
+  return optax.constant_schedule(optim.learning_rate)
+
+
+def _step(optim, decay_steps, steps_per_epoch):
+  del decay_steps
+  if optim.decay_epochs and steps_per_epoch is None:
+    raise ValueError(
+        "config.optim.schedule='step' needs steps_per_epoch to place"
+        f' config.optim.decay_epochs={tuple(optim.decay_epochs)}.')
+  # Boundaries are shifted because join_schedules restarts the count after warmup;
+  # an epoch listed twice decays twice, which a dict keyed by step cannot hold.
+  boundaries = collections.Counter(
+      epoch * steps_per_epoch - optim.warmup_steps for epoch in optim.decay_epochs)
+  return optax.piecewise_constant_schedule(
+      optim.learning_rate,
+      {step: optim.decay_factor**count for step, count in boundaries.items()})
+
+
+_SCHEDULES: dict[str, _DecayBuilder] = {
+    'inverse_sqrt': _inverse_sqrt,
+    'cosine': _cosine,
+    'linear': _linear,
+    'constant': _constant,
+    'step': _step,
+}
+
+
+def _adam(optim, learning_rate):
+  return optax.adam(learning_rate, b1=optim.b1, b2=optim.b2, eps=optim.eps)
+
+
+def _adamw(optim, learning_rate):
+  # optax scales the decay by the learning rate, as PyTorch's AdamW does.
+  return optax.adamw(
+      learning_rate, b1=optim.b1, b2=optim.b2, eps=optim.eps,
+      weight_decay=optim.weight_decay)
+
+
+def _sgd(optim, learning_rate):
+  return optax.sgd(learning_rate, momentum=optim.b1, nesterov=False)
+
+
+_OPTIMIZERS = {
+    'adam': _adam,
+    'adamw': _adamw,
+    'sgd': _sgd,
+}
+
+
+def _lookup(table, field, name):
+  if name not in table:
+    raise ValueError(
+        f'config.optim.{field}={name!r} is not one of: {", ".join(sorted(table))}.')
+  return table[name]
+
+
+def make_schedule(
+    optim_config: ml_collections.ConfigDict,
+    *,
+    steps_per_epoch: int | None,
+    total_steps: int,
+) -> optax.Schedule:
+  """Returns the learning rate as a function of the optimizer step.
+
+  Args:
+    optim_config: `config.optim`.
+    steps_per_epoch: Optimizer steps in one pass over the training split; only
+      the 'step' schedule with `decay_epochs` needs it, so None is fine otherwise.
+    total_steps: Optimizer steps of the whole run; 'cosine' and 'linear' reach 0
+      there.
+
+  Returns:
+    An optax schedule, jit-compatible.
+
+  Raises:
+    ValueError: for an unknown `optim.schedule`, a negative warmup, a decaying
+      schedule no longer than its warmup, or 'step' decay without steps_per_epoch.
+  """
+  build_decay = _lookup(_SCHEDULES, 'schedule', optim_config.schedule)
+  warmup_steps = optim_config.warmup_steps
+  if warmup_steps < 0:
+    raise ValueError(f'config.optim.warmup_steps={warmup_steps} must be >= 0.')
+  decay = build_decay(optim_config, total_steps - warmup_steps, steps_per_epoch)
+  if warmup_steps == 0:
+    return decay
+  warmup = optax.linear_schedule(0.0, optim_config.learning_rate, warmup_steps)
+  return optax.join_schedules([warmup, decay], [warmup_steps])
+
+
+def make_optimizer(
+    optim_config: ml_collections.ConfigDict,
+    *,
+    steps_per_epoch: int | None,
+    total_steps: int,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """Returns the optimizer of `config.optim` and the schedule driving it.
+
+  The schedule is returned so the caller can log `schedule(step)` without
+  threading injected hyperparameters through the optimizer state.
+
+  Args:
+    optim_config: `config.optim`.
+    steps_per_epoch: See `make_schedule`.
+    total_steps: See `make_schedule`.
+
+  Returns:
+    `(tx, schedule)`: global-norm clipping (when `optim.clip_norm > 0`) chained
+    before the optimizer, and the learning-rate schedule it uses.
+
+  Raises:
+    ValueError: for an unknown `optim.optimizer` or `optim.schedule`, weight
+      decay on an optimizer other than 'adamw', or a negative `clip_norm`.
+  """
+  build_optimizer = _lookup(_OPTIMIZERS, 'optimizer', optim_config.optimizer)
+  if optim_config.weight_decay and optim_config.optimizer != 'adamw':
+    raise ValueError(
+        f'config.optim.weight_decay={optim_config.weight_decay} is decoupled weight'
+        f" decay, which only 'adamw' applies; set config.optim.optimizer='adamw'"
+        f' or config.optim.weight_decay=0 (optimizer is {optim_config.optimizer!r}).')
+  if optim_config.clip_norm < 0:
+    raise ValueError(
+        f'config.optim.clip_norm={optim_config.clip_norm} must be >= 0 (0 disables).')
+  schedule = make_schedule(
+      optim_config, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
+  tx = build_optimizer(optim_config, schedule)
+  if optim_config.clip_norm > 0:
+    tx = optax.chain(optax.clip_by_global_norm(optim_config.clip_norm), tx)
+  return tx, schedule
