@@ -22,7 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.num_encoder_layers = 3
   # Decoder layers.
   model.num_decoder_layers = 3
-  # Dropout on embeddings, sublayer outputs and the FFN hidden layer.
+  # Dropout on the embeddings and on every sublayer output before the residual sum.
   model.dropout_rate = 0.1
   # Dropout on attention probabilities.
   model.attention_dropout_rate = 0.0
@@ -76,6 +76,8 @@ def get_config() -> ml_collections.ConfigDict:
   data.eval_split = 'validation'
   # Sentences per evaluation batch.
   data.eval_batch_size = 64
+  # Evaluate during training on the first N sentences of eval_split only (0 = all of it).
+  data.eval_examples = 0
   # Worker threads/processes of the grain pipeline (0 = in the main thread).
   data.num_workers = 0
 

@@ -1,0 +1,55 @@
+"""Translation with the Transformer's decoding cache: greedy or beam search, jit-compiled.
+
+Dimensions: B batch, S source length, K beam, T generated length.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from model import decoding, masks
+from model.transformer import Transformer
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'length_penalty',
+                                              'length_penalty_form', 'max_length_a', 'max_length_b'))
+def translate(model: Transformer, variables, encoder_input_tokens, *, beam_size: int = 1,
+              length_penalty: float = 1.0, length_penalty_form: str = 'fairseq',
+              max_length_a: int = 10, max_length_b: float = 1.2):
+  """Best hypothesis per source sentence.
+
+  The encoder runs once and the cross-attention keys/values are projected once per source
+  batch (into the cache); each sentence may generate at most a + b * (its source length) tokens.
+
+  Args:
+    model: the Transformer (static).
+    variables: {'params': ..., ['batch_stats': ...]}.
+    encoder_input_tokens: [B, S] int32, EOS-terminated and 0-padded.
+    beam_size: 1 for greedy search.
+    length_penalty: alpha of the length normalisation (beam search only).
+    length_penalty_form: 'fairseq' (score / len^alpha) or 'gnmt'.
+    max_length_a: a, tokens allowed whatever the source length.
+    max_length_b: b, tokens allowed per source token.
+
+  Returns:
+    [B, T] int32 tokens, EOS-terminated (unless cut at the limit) and 0-padded.
+  """
+  batch_size, source_length = encoder_input_tokens.shape
+  max_length = decoding.decode_length_limit(source_length, max_length_a, max_length_b)
+  source_lengths = masks.token_mask(encoder_input_tokens).sum(-1)  # [B]
+  max_lengths = decoding.decode_length_limit(source_lengths, max_length_a, max_length_b)  # [B]
+  encoded = model.apply(variables, encoder_input_tokens, method=Transformer.encode)  # [B, S, D]
+  cache = model.apply(variables, encoded, encoder_input_tokens, max_length, method=Transformer.init_cache)
+
+  def step_fn(tokens, cache, position):
+    return model.apply(variables, tokens, cache, position, method=Transformer.decode_step)
+
+  if beam_size == 1:
+    return decoding.greedy_search(step_fn, cache, batch_size=batch_size, max_length=max_length,
+                                  max_lengths=max_lengths)
+  tokens, _ = decoding.beam_search(
+      step_fn, decoding.tile_beams(cache, beam_size), batch_size=batch_size, beam_size=beam_size,
+      max_length=max_length, max_lengths=max_lengths, length_penalty=length_penalty,
+      length_penalty_form=length_penalty_form)  # [B, K, T], best first
+  return tokens[:, 0]

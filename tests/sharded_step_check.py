@@ -1,0 +1,56 @@
+"""Run in a subprocess with 4 host devices: one train step sharded over a 4-device mesh
+against the same step on one device. Prints JSON with the largest differences."""
+
+import functools
+import json
+import os
+
+assert 'xla_force_host_platform_device_count=4' in os.environ.get('XLA_FLAGS', '')
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import train
+from configs import smoke
+from training import partitioning
+from training.optimizer import make_optimizer
+
+
+def main():
+  config = smoke.get_config()
+  config.model.norm = os.environ.get('NORM', 'layer')
+  model = train.build_model(config, vocab_size=50)
+  tx, _ = make_optimizer(config.optim, steps_per_epoch=None, total_steps=100)
+  rng = np.random.default_rng(0)
+  tokens = lambda length: rng.integers(3, 50, size=(8, length)).astype(np.int32)
+  batch = {'encoder_input_tokens': tokens(12), 'decoder_input_tokens': tokens(10),
+           'decoder_target_tokens': tokens(10)}
+  for name in batch:
+    batch[name][5:, 7:] = 0  # padded rows of different lengths
+  batch['decoder_target_weights'] = (batch['decoder_target_tokens'] > 0).astype(np.float32)
+  step = functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1,
+                           dropout_key=jax.random.PRNGKey(7))
+  state = train.create_train_state(model, tx, seed=0)
+
+  single_state, single_metrics = jax.jit(step)(state, jax.tree.map(jnp.asarray, batch))
+
+  mesh = partitioning.make_mesh()
+  assert mesh.devices.size == 4
+  sharded_step = jax.jit(step, in_shardings=(partitioning.replicated(mesh), partitioning.batch_sharded(mesh)),
+                         out_shardings=partitioning.replicated(mesh))
+  sharded_batch = partitioning.global_batch(batch, mesh)
+  assert len(sharded_batch['encoder_input_tokens'].sharding.device_set) == 4
+  sharded_state, sharded_metrics = sharded_step(partitioning.replicate(state, mesh), sharded_batch)
+
+  diff = lambda a, b: max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+                          for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  print(json.dumps({'loss': [float(single_metrics['train_loss']), float(sharded_metrics['train_loss'])],
+                    'params_diff': diff(single_state.params, sharded_state.params),
+                    'param_scale': max(float(np.max(np.abs(x))) for x in jax.tree.leaves(single_state.params)),
+                    'batch_stats_diff': diff(single_state.batch_stats, sharded_state.batch_stats)
+                    if single_state.batch_stats else 0.0}))
+
+
+if __name__ == '__main__':
+  main()

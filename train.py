@@ -1,0 +1,286 @@
+"""Trains a Transformer translation model from a config file.
+
+  python train.py --config=configs/multi30k.py --workdir=runs/m30k \
+      --config.model.norm_position=post --config.optim.warmup_steps=0
+
+Re-running the same command on an existing workdir resumes from its latest checkpoint
+(params, optimizer state, step and data-iterator position; dropout keys derive from the step).
+The workdir receives config.json, metrics.jsonl, TensorBoard events, status.json and checkpoints/.
+"""
+
+import functools
+import json
+import os
+import time
+from typing import Any
+
+from absl import app, flags, logging
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from ml_collections import config_flags
+
+from data import pipeline, tokenizer as tokenizer_lib
+from model import losses
+from model.config import ModelConfig
+from model.transformer import Transformer
+from training import partitioning, run_log, validation
+from training.checkpointing import Checkpointer
+from training.evaluation import Evaluator
+from training.optimizer import make_optimizer
+
+FLAGS = flags.DEFINE_string('workdir', None, 'Run directory (created or resumed).', required=True)
+config_flags.DEFINE_config_file('config', None, 'Config file[:preset].', lock_config=True)
+COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-process runs).')
+NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in a multi-process run.')
+PROCESS_ID = flags.DEFINE_integer('process_id', None, 'Index of this process.')
+MULTIPROCESS = flags.DEFINE_bool('multiprocess', False, 'Call jax.distributed.initialize (the three '
+                                 'flags above, or auto-detection on TPU pods and SLURM).')
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jnp.ndarray
+  params: Any
+  opt_state: Any
+  # BatchNorm running averages; an empty dict for every other norm.
+  batch_stats: Any
+
+
+def model_variables(params, batch_stats) -> dict:
+  return {'params': params, **({'batch_stats': batch_stats} if batch_stats else {})}
+
+
+def build_model(config: ml_collections.ConfigDict, vocab_size: int) -> Transformer:
+  return Transformer(ModelConfig.from_config(config.model, source_vocab_size=vocab_size,
+                                             target_vocab_size=vocab_size))
+
+
+def create_train_state(model: Transformer, tx: optax.GradientTransformation, seed: int,
+                       source_length: int = 8, target_length: int = 8) -> TrainState:
+  """Initialises parameters from `seed`; shapes do not depend on the sample lengths."""
+  dummy_source = jnp.ones((1, source_length), jnp.int32)
+  dummy_target = jnp.ones((1, target_length), jnp.int32)
+  variables = model.init(jax.random.PRNGKey(seed), dummy_source, dummy_target, train=False)
+  params = variables['params']
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    batch_stats=variables.get('batch_stats', {}))
+
+
+def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.GradientTransformation,
+               label_smoothing: float, dropout_key: jax.Array) -> tuple[TrainState, dict]:
+  """One optimizer step on a (global) batch; the loss is the mean over its real target tokens.
+
+  Dropout uses fold_in(dropout_key, step), so it does not depend on how many hosts or devices
+  share the batch.
+  """
+  step_key = jax.random.fold_in(dropout_key, state.step)
+
+  def loss_fn(params):
+    logits, updates = model.apply(
+        model_variables(params, state.batch_stats), batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'], train=True, rngs={'dropout': step_key}, mutable=['batch_stats'])
+    sums = losses.weighted_sums(logits, batch['decoder_target_tokens'],
+                                batch['decoder_target_weights'], label_smoothing)
+    return sums['loss'] / jnp.maximum(sums['tokens'], 1.0), (sums, updates)
+
+  (loss, (sums, updates)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  param_updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, param_updates),
+                            opt_state=opt_state, batch_stats=updates.get('batch_stats', state.batch_stats))
+  metrics = {'train_loss': loss, 'train_nll': sums['nll'] / jnp.maximum(sums['tokens'], 1.0),
+             'grad_norm': optax.global_norm(grads), 'target_tokens': sums['tokens']}
+  return new_state, metrics
+
+
+def eval_step(state: TrainState, batch: dict, *, model: Transformer) -> dict:
+  """Sums of the unsmoothed loss over the batch's real target tokens."""
+  logits = model.apply(model_variables(state.params, state.batch_stats), batch['encoder_input_tokens'],
+                       batch['decoder_input_tokens'], train=False)
+  return losses.weighted_sums(logits, batch['decoder_target_tokens'], batch['decoder_target_weights'])
+
+
+def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  path = os.path.join(workdir, 'config.json')
+  resolved = json.loads(config.to_json_best_effort())
+  if os.path.exists(path):
+    with open(path) as f:
+      previous = json.load(f)
+    if previous != resolved:
+      logging.warning('config differs from the one %s was started with; continuing with the new one', path)
+  with open(path + '.tmp', 'w') as f:
+    json.dump(resolved, f, indent=2, sort_keys=True)
+  os.replace(path + '.tmp', path)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       stop_after_steps: int | None = None) -> TrainState:
+  """Trains to config.train.num_steps (or num_epochs), resuming from `workdir` if it has checkpoints.
+
+  Args:
+    config: the full experiment config (configs/base.py fields).
+    workdir: run directory.
+    stop_after_steps: leave after this many steps of this invocation without a final save, as a
+      killed run would (tests of exact resumption).
+
+  Returns:
+    The final train state.
+  """
+  validation.check_config(config)
+  is_primary = jax.process_index() == 0
+  os.makedirs(workdir, exist_ok=True)
+  if is_primary:
+    _write_config(config, workdir)
+    logging.info('config:\n%s', config)
+
+  tokenizer = tokenizer_lib.get_tokenizer(config.data)
+  model = build_model(config, tokenizer.vocab_size)
+  mesh = partitioning.make_mesh()
+  train_iter = pipeline.make_train_iterator(
+      config.data, tokenizer, seed=config.train.seed, process_index=jax.process_index(),
+      process_count=jax.process_count(), batch_multiple=jax.local_device_count())
+  steps_per_epoch = train_iter.batches_per_epoch
+  total_steps = validation.total_steps(config.train, steps_per_epoch)
+  tx, schedule = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
+
+  state = create_train_state(model, tx, config.train.seed)
+  state = partitioning.replicate(state, mesh)
+  checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
+                              save_every=config.train.checkpoint_every)
+  latest = checkpointer.latest_step()
+  if latest is not None:
+    state, extra = checkpointer.restore(latest, state)
+    train_iter.set_state(extra['data_iterator'])
+    logging.info('resumed from step %d', latest)
+
+  dropout_key = jax.random.PRNGKey(config.train.seed + 1)
+  jit_train_step = jax.jit(
+      functools.partial(train_step, model=model, tx=tx, label_smoothing=config.train.label_smoothing,
+                        dropout_key=dropout_key),
+      in_shardings=(partitioning.replicated(mesh), partitioning.batch_sharded(mesh)),
+      out_shardings=(partitioning.replicated(mesh), partitioning.replicated(mesh)),
+      donate_argnums=0)
+  evaluator = Evaluator(config, tokenizer, mesh, jax.jit(functools.partial(eval_step, model=model)))
+
+  writer = run_log.MetricsWriter(workdir, is_primary=is_primary)
+  step = int(state.step)
+  progress = run_log.ProgressBar(total_steps, initial_step=step) if is_primary else None
+  if is_primary:
+    run_log.write_status(workdir, 'running', step=step)
+  window: list[dict] = []
+  window_start = time.perf_counter()
+  epoch = 0
+  pending = None  # (step, device metrics) of the step before, checked while this one runs
+
+  def check(done_step, device_metrics):
+    host = jax.device_get(device_metrics)
+    run_log.check_finite(done_step, host['train_loss'], host['grad_norm'])
+    window.append(host)
+
+  def save(at_step, metrics=None, force=False):
+    checkpointer.save(at_step, state, {'data_iterator': train_iter.get_state(), 'epoch': epoch},
+                      metrics=metrics, force=force)
+
+  try:
+    steps_this_run = 0
+    while step < total_steps:
+      local_batch = next(train_iter)
+      epoch = int(local_batch.pop('epoch'))
+      state, device_metrics = jit_train_step(state, partitioning.global_batch(local_batch, mesh))
+      if pending is not None:
+        check(*pending)
+      step += 1
+      steps_this_run += 1
+      pending = (step, device_metrics)
+      at_end = step == total_steps
+      if step % config.train.log_every == 0 or at_end:
+        check(*pending)
+        pending = None
+        elapsed = time.perf_counter() - window_start
+        record = {
+            'epoch': epoch,
+            'train_loss': float(np.mean([m['train_loss'] for m in window])),
+            'train_nll': float(np.mean([m['train_nll'] for m in window])),
+            'grad_norm': float(window[-1]['grad_norm']),
+            'learning_rate': float(schedule(step - 1)),
+            'tokens_per_sec': float(sum(m['target_tokens'] for m in window)) / elapsed,
+        }
+        writer.write(step, record)
+        if progress:
+          progress.update(step, loss=record['train_loss'], lr=record['learning_rate'],
+                          tok_s=record['tokens_per_sec'])
+        window, window_start = [], time.perf_counter()
+      eval_metrics = None
+      if step % config.train.eval_every == 0 or at_end:
+        if pending is not None:
+          check(*pending)
+          pending = None
+        eval_metrics = evaluator(model, model_variables(state.params, state.batch_stats), state)
+        writer.write(step, eval_metrics)
+        logging.info('step %d: %s', step, eval_metrics)
+      if step % config.train.checkpoint_every == 0 or at_end:
+        if pending is not None:
+          check(*pending)
+          pending = None
+        save(step, {'val_loss': eval_metrics['eval_loss']} if eval_metrics else None, force=at_end)
+      if stop_after_steps is not None and steps_this_run >= stop_after_steps:
+        checkpointer.wait_until_finished()
+        return state
+    if pending is not None:
+      check(*pending)
+  except run_log.DivergenceError as error:
+    logging.error('%s', error)
+    if is_primary:
+      run_log.write_status(workdir, 'diverged', step=error.step, message=str(error))
+    raise
+  except BaseException as error:
+    if is_primary:
+      run_log.write_status(workdir, 'failed', step=step, message=f'{type(error).__name__}: {error}')
+    raise
+  finally:
+    checkpointer.close()
+    writer.close()
+    if progress:
+      progress.close()
+  if is_primary:
+    run_log.write_status(workdir, 'finished', step=step)
+  return state
+
+
+def main(argv):
+  del argv
+  if MULTIPROCESS.value:
+    partitioning.initialize_distributed(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
+  try:
+    config = flags.FLAGS.config
+    config.keys()  # config_flags loads the file and applies overrides lazily, on first use
+  except Exception as error:  # IOError, AttributeError (unknown key), flags.Error, ...
+    raise SystemExit(f'invalid command line: {_one_line(error)}') from None
+  try:
+    validation.check_config(config)
+  except ValueError as error:
+    raise SystemExit(f'invalid config: {error}') from None
+  try:
+    train_and_evaluate(config, FLAGS.value)
+  except run_log.DivergenceError as error:
+    raise SystemExit(f'diverged: {error}') from None
+
+
+def _one_line(error: Exception) -> str:
+  return ' '.join(str(error).replace('\\n', ' ').split())
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl parsing, with any error (missing config file, unknown override key, bad value) as one line."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as error:  # config_flags raises AttributeError, IOError, flags.Error, ...
+    raise SystemExit(f'invalid command line: {_one_line(error)}') from None
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config'])
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,51 @@
+"""Checks of the whole experiment config that run before anything is built or compiled."""
+
+import ml_collections
+
+from model.config import ModelConfig
+
+
+_POSITIVE_INTS = {
+    'train': ('log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints'),
+    'data': ('vocab_size', 'max_length', 'max_tokens', 'eval_batch_size'),
+    'eval': ('beam_size',),
+}
+_SECTIONS = ('model', 'data', 'optim', 'train', 'eval')
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ValueError with a one-line message naming the first bad field.
+
+  The optimizer and schedule names are checked when `make_optimizer` builds them, which is also
+  before any compilation.
+  """
+  missing = [name for name in _SECTIONS if name not in config]
+  if missing:
+    raise ValueError(f'config lacks sections: {", ".join(missing)}')
+  for section, names in _POSITIVE_INTS.items():
+    for name in names:
+      value = config[section][name]
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f'config.{section}.{name}={value!r} must be a positive integer')
+  train = config.train
+  if train.num_steps < 0 or train.num_epochs < 0 or not (train.num_steps or train.num_epochs):
+    raise ValueError(f'config.train.num_steps={train.num_steps} / num_epochs={train.num_epochs}: '
+                     'set one of them to a positive number')
+  if not 0.0 <= train.label_smoothing < 1.0:
+    raise ValueError(f'config.train.label_smoothing={train.label_smoothing!r} must be in [0, 1)')
+  if config.data.max_tokens < config.data.max_length:
+    raise ValueError(f'config.data.max_tokens={config.data.max_tokens} is smaller than '
+                     f'config.data.max_length={config.data.max_length}: no long pair would fit a batch')
+  if config.data.source_lang == config.data.target_lang:
+    raise ValueError(f'config.data.source_lang and target_lang are both {config.data.source_lang!r}')
+  vocab = config.data.vocab_size
+  ModelConfig.from_config(config.model, source_vocab_size=vocab, target_vocab_size=vocab)
+  if config.optim.learning_rate <= 0:
+    raise ValueError(f'config.optim.learning_rate={config.optim.learning_rate!r} must be positive')
+
+
+def total_steps(train_config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
+  """Training length in optimizer steps: num_epochs (when set) times steps_per_epoch, else num_steps."""
+  if train_config.num_epochs:
+    return train_config.num_epochs * steps_per_epoch
+  return train_config.num_steps
