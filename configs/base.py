@@ -8,6 +8,17 @@ interface: override flags (`--config.model.norm=rms`), sweep files and scripts u
 import ml_collections
 
 
+# Presets of the dataset configs that choose the translation direction.
+DIRECTIONS = {'de_en': ('de', 'en'), 'en_de': ('en', 'de')}
+
+
+def set_direction(config: ml_collections.ConfigDict, preset: str, config_file: str) -> None:
+  """Sets data.source_lang/target_lang from a direction preset such as 'de_en'."""
+  if preset not in DIRECTIONS:
+    raise ValueError(f'{config_file} preset {preset!r} is not one of: {", ".join(DIRECTIONS)}')
+  config.data.source_lang, config.data.target_lang = DIRECTIONS[preset]
+
+
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 

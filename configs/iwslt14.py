@@ -12,10 +12,7 @@ from configs import base
 
 def get_config(preset: str = 'de_en'):
   config = base.get_config()
-  directions = {'de_en': ('de', 'en'), 'en_de': ('en', 'de')}
-  if preset not in directions:
-    raise ValueError(f'configs/iwslt14.py preset {preset!r} is not one of: {", ".join(directions)}')
-  config.data.source_lang, config.data.target_lang = directions[preset]
+  base.set_direction(config, preset, 'configs/iwslt14.py')
   config.data.update(dataset='iwslt14', dataset_config='tokenized', vocab_size=10000, max_length=128,
                      max_tokens=4096)
   config.model.update(d_model=512, num_heads=4, d_ff=1024, num_encoder_layers=6, num_decoder_layers=6,

@@ -11,10 +11,7 @@ from configs import base
 
 def get_config(preset: str = 'de_en'):
   config = base.get_config()
-  directions = {'de_en': ('de', 'en'), 'en_de': ('en', 'de')}
-  if preset not in directions:
-    raise ValueError(f'configs/multi30k.py preset {preset!r} is not one of: {", ".join(directions)}')
-  config.data.source_lang, config.data.target_lang = directions[preset]
+  base.set_direction(config, preset, 'configs/multi30k.py')
   config.data.dataset = 'multi30k'
   # 29k short captions (~13 tokens): a small joint vocabulary keeps the output layer cheap.
   config.data.vocab_size = 8000

@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from model.choices import lookup
+
 # Builds the part of a schedule after warmup; it counts steps from the end of warmup.
 _DecayBuilder = Callable[[ml_collections.ConfigDict, int, int | None], optax.Schedule]
 
@@ -109,13 +111,6 @@ _OPTIMIZERS = {
 }
 
 
-def _lookup(table, field, name):
-  if name not in table:
-    raise ValueError(
-        f'config.optim.{field}={name!r} is not one of: {", ".join(sorted(table))}.')
-  return table[name]
-
-
 def make_schedule(
     optim_config: ml_collections.ConfigDict,
     *,
@@ -138,7 +133,7 @@ def make_schedule(
     ValueError: for an unknown `optim.schedule`, a negative warmup, a decaying
       schedule no longer than its warmup, or 'step' decay without steps_per_epoch.
   """
-  build_decay = _lookup(_SCHEDULES, 'schedule', optim_config.schedule)
+  build_decay = lookup(_SCHEDULES, optim_config.schedule, 'config.optim.schedule')
   warmup_steps = optim_config.warmup_steps
   if warmup_steps < 0:
     raise ValueError(f'config.optim.warmup_steps={warmup_steps} must be >= 0.')
@@ -173,7 +168,7 @@ def make_optimizer(
     ValueError: for an unknown `optim.optimizer` or `optim.schedule`, weight
       decay on an optimizer other than 'adamw', or a negative `clip_norm`.
   """
-  build_optimizer = _lookup(_OPTIMIZERS, 'optimizer', optim_config.optimizer)
+  build_optimizer = lookup(_OPTIMIZERS, optim_config.optimizer, 'config.optim.optimizer')
   if optim_config.weight_decay and optim_config.optimizer != 'adamw':
     raise ValueError(
         f'config.optim.weight_decay={optim_config.weight_decay} is decoupled weight'
