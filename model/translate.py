@@ -12,6 +12,29 @@ from model import decoding, masks
 from model.transformer import Transformer
 
 
+def _search_inputs(model: Transformer, variables, encoder_input_tokens, max_length_a, max_length_b):
+  """Step function, cache and length limits that both searches start from.
+
+  The encoder runs once and the cross-attention keys/values are projected once per source
+  batch (into the cache).
+
+  Returns:
+    (step_fn, cache, max_length, max_lengths): the model's `decode_step` over `variables`, the
+    [B]-leading cache, the static output length T and the per-sentence limits int32 [B].
+  """
+  source_length = encoder_input_tokens.shape[1]
+  max_length = decoding.decode_length_limit(source_length, max_length_a, max_length_b)
+  source_lengths = masks.token_mask(encoder_input_tokens).sum(-1)  # [B]
+  max_lengths = decoding.decode_length_limit(source_lengths, max_length_a, max_length_b)  # [B]
+  encoded = model.apply(variables, encoder_input_tokens, method=Transformer.encode)  # [B, S, D]
+  cache = model.apply(variables, encoded, encoder_input_tokens, max_length, method=Transformer.init_cache)
+
+  def step_fn(tokens, cache, position):
+    return model.apply(variables, tokens, cache, position, method=Transformer.decode_step)
+
+  return step_fn, cache, max_length, max_lengths
+
+
 @functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'length_penalty',
                                               'length_penalty_form', 'max_length_a', 'max_length_b'))
 def translate(model: Transformer, variables, encoder_input_tokens, *, beam_size: int = 1,
@@ -19,8 +42,7 @@ def translate(model: Transformer, variables, encoder_input_tokens, *, beam_size:
               max_length_a: int = 10, max_length_b: float = 1.2):
   """Best hypothesis per source sentence.
 
-  The encoder runs once and the cross-attention keys/values are projected once per source
-  batch (into the cache); each sentence may generate at most a + b * (its source length) tokens.
+  Each sentence may generate at most a + b * (its source length) tokens.
 
   Args:
     model: the Transformer (static).
@@ -35,21 +57,34 @@ def translate(model: Transformer, variables, encoder_input_tokens, *, beam_size:
   Returns:
     [B, T] int32 tokens, EOS-terminated (unless cut at the limit) and 0-padded.
   """
-  batch_size, source_length = encoder_input_tokens.shape
-  max_length = decoding.decode_length_limit(source_length, max_length_a, max_length_b)
-  source_lengths = masks.token_mask(encoder_input_tokens).sum(-1)  # [B]
-  max_lengths = decoding.decode_length_limit(source_lengths, max_length_a, max_length_b)  # [B]
-  encoded = model.apply(variables, encoder_input_tokens, method=Transformer.encode)  # [B, S, D]
-  cache = model.apply(variables, encoded, encoder_input_tokens, max_length, method=Transformer.init_cache)
-
-  def step_fn(tokens, cache, position):
-    return model.apply(variables, tokens, cache, position, method=Transformer.decode_step)
-
   if beam_size == 1:
-    return decoding.greedy_search(step_fn, cache, batch_size=batch_size, max_length=max_length,
-                                  max_lengths=max_lengths)
-  tokens, _ = decoding.beam_search(
-      step_fn, decoding.tile_beams(cache, beam_size), batch_size=batch_size, beam_size=beam_size,
-      max_length=max_length, max_lengths=max_lengths, length_penalty=length_penalty,
-      length_penalty_form=length_penalty_form)  # [B, K, T], best first
+    step_fn, cache, max_length, max_lengths = _search_inputs(
+        model, variables, encoder_input_tokens, max_length_a, max_length_b)
+    return decoding.greedy_search(step_fn, cache, batch_size=encoder_input_tokens.shape[0],
+                                  max_length=max_length, max_lengths=max_lengths)
+  tokens, _ = beam_translate(
+      model, variables, encoder_input_tokens, beam_size=beam_size, length_penalty=length_penalty,
+      length_penalty_form=length_penalty_form, max_length_a=max_length_a, max_length_b=max_length_b)
   return tokens[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'length_penalty',
+                                              'length_penalty_form', 'max_length_a', 'max_length_b'))
+def beam_translate(model: Transformer, variables, encoder_input_tokens, *, beam_size: int,
+                   length_penalty: float = 1.0, length_penalty_form: str = 'fairseq',
+                   max_length_a: int = 10, max_length_b: float = 1.2):
+  """The `beam_size` best hypotheses per source sentence, by beam search whatever the beam size.
+
+  Arguments as for `translate`; beam_size 1 runs beam search with one beam (which `translate`
+  replaces by greedy search), so the two can be checked against each other.
+
+  Returns:
+    tokens: [B, K, T] int32, best first, EOS-terminated (unless cut at the limit) and 0-padded.
+    scores: [B, K] float32 length-penalised log-probabilities.
+  """
+  step_fn, cache, max_length, max_lengths = _search_inputs(
+      model, variables, encoder_input_tokens, max_length_a, max_length_b)
+  return decoding.beam_search(
+      step_fn, decoding.tile_beams(cache, beam_size), batch_size=encoder_input_tokens.shape[0],
+      beam_size=beam_size, max_length=max_length, max_lengths=max_lengths,
+      length_penalty=length_penalty, length_penalty_form=length_penalty_form)
