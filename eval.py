@@ -1,0 +1,320 @@
+"""Translates one split with a trained model and scores it with sacrebleu.
+
+  python eval.py --workdir=runs/m30k --split=test_2016 --checkpoint=avg:5 --beam_size=5
+
+Everything comes from the workdir: config.json (saved by train.py) rebuilds data, tokenizer and
+model, checkpoints/ holds the parameters. --checkpoint: 'last', 'best' (lowest validation loss), a
+saved step, or 'avg:N' (the mean of the N most recent checkpoints). Beam size and length penalty
+default to config.eval, the batch size to config.data.eval_batch_size.
+
+Writes WORKDIR/eval/<split>.hyp.txt (detokenised, one line per source line, in source order) and
+WORKDIR/eval/<split>.json with the sacrebleu scores: `bleu` (detokenised, cased, with signature),
+`chrf`, `tokenized_bleu` (what papers report: hypotheses normalised, Moses-tokenised and lowercased
+as the references were, scored with tokenize='none' against the dataset's tokenized references)
+and `buckets` (count and BLEU per source length in words, for length extrapolation).
+"""
+
+import json
+import os
+import time
+from typing import NamedTuple
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+import sacrebleu
+import sacremoses
+
+import train
+from data import datasets, pipeline, tokenizer as tokenizer_lib
+from model.translate import translate
+from model.transformer import Transformer
+from training import averaging, partitioning, validation
+from training.checkpointing import Checkpointer
+
+# train.py (imported for its model and state builders) defines --workdir, and --config, which
+# eval.py refuses: the config is the one saved in the workdir.
+WORKDIR = train.FLAGS
+SPLIT = flags.DEFINE_string('split', None, 'Split to translate, e.g. test_2016.', required=True)
+CHECKPOINT = flags.DEFINE_string('checkpoint', 'last', "'last', 'best', a saved step, or 'avg:N'.")
+BEAM_SIZE = flags.DEFINE_integer('beam_size', None, 'Beam width, 1 for greedy search '
+                                 '(default: config.eval.beam_size).', lower_bound=1)
+LENGTH_PENALTY = flags.DEFINE_float('length_penalty', None, 'Length penalty alpha '
+                                    '(default: config.eval.length_penalty).')
+LENGTH_PENALTY_FORM = flags.DEFINE_enum('length_penalty_form', 'fairseq', ['fairseq', 'gnmt'],
+                                        'score / len**alpha, or GNMT score / ((5 + len) / 6)**alpha.')
+BATCH_SIZE = flags.DEFINE_integer('batch_size', None, 'Sentences per batch '
+                                  '(default: config.data.eval_batch_size).', lower_bound=1)
+MAX_LENGTH_A = flags.DEFINE_integer('max_length_a', 10, 'Tokens generated at most: a + b * source '
+                                    'length; this is a.', lower_bound=0)
+MAX_LENGTH_B = flags.DEFINE_float('max_length_b', 1.2, 'b of the length limit a + b * source length.',
+                                  lower_bound=0.0)
+
+# Upper ends of the source-length buckets in words; longer sources form the last bucket.
+BUCKET_ENDS = (10, 20, 30, 40)
+# Whether the dataset's tokenized references went through Moses' normalize-punctuation.perl:
+# Multi30k's lc.norm.tok files did, fairseq's prepare-iwslt14.sh does not normalise.
+_REFERENCES_NORMALISED = {'multi30k': True, 'iwslt14': False}
+_CHECKPOINT_FORMS = "'last', 'best', a saved step such as 3000, or 'avg:N' with N >= 1"
+
+
+class Restored(NamedTuple):
+  """What `restore` rebuilds from a workdir; `steps` are the checkpoints behind `variables`."""
+  config: ml_collections.ConfigDict
+  tokenizer: tokenizer_lib.Tokenizer
+  model: Transformer
+  variables: dict
+  steps: list[int]
+
+
+def parse_checkpoint(spec: str) -> tuple[str, int | None]:
+  """'last' -> ('last', None), 'best' -> ('best', None), '3000' -> ('step', 3000), 'avg:5' -> ('avg', 5)."""
+  if spec in ('last', 'best'):
+    return spec, None
+  kind, number = ('avg', spec[len('avg:'):]) if spec.startswith('avg:') else ('step', spec)
+  # isdigit() also turns away '', '-1' and '1.5'.
+  if not number.isdigit() or (kind == 'avg' and int(number) < 1):
+    raise ValueError(f'--checkpoint={spec!r} is not {_CHECKPOINT_FORMS}')
+  return kind, int(number)
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The resolved config train.py saved as WORKDIR/config.json, checked."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.isfile(path):
+    raise ValueError(f'no config.json in {workdir}: not a run directory of train.py')
+  try:
+    with open(path) as f:
+      config = ml_collections.ConfigDict(json.load(f))
+    validation.check_config(config)
+  except ValueError as error:  # json.JSONDecodeError included
+    raise ValueError(f'{path}: {error}') from None
+  return config
+
+
+def checkpoint_steps(checkpointer: Checkpointer, kind: str, number: int | None) -> list[int]:
+  """The saved steps that --checkpoint names (several for 'avg:N')."""
+  saved = checkpointer.all_steps()
+  listing = f'{checkpointer.directory} holds steps {", ".join(map(str, saved))}'
+  if kind == 'avg':
+    return averaging.latest_steps(checkpointer, number)
+  if kind == 'best':
+    best = checkpointer.best_step()
+    if best is None:
+      raise ValueError(f'--checkpoint=best: no checkpoint has a validation loss; {listing}')
+    return [best]
+  step = checkpointer.latest_step() if kind == 'last' else number
+  if step not in saved:
+    raise ValueError(f'--checkpoint={step}: no such checkpoint; {listing}')
+  return [step]
+
+
+def saved_structure(checkpointer: Checkpointer, step: int, mesh) -> dict:
+  """Abstract arrays of the train state saved at `step`, replicated on `mesh`, from its metadata.
+
+  As a restore target it fits whatever optimizer the run used, and it lets a shape mismatch be
+  found before restoring: a restore that fails part-way leaves orbax's pending reads printing
+  pages of TensorStore specs.
+  """
+  # `state` is the item of the train state in Checkpointer's layout.
+  handler = ocp.StandardCheckpointHandler()
+  try:
+    metadata = handler.metadata(checkpointer.directory / str(step) / 'state')
+  finally:
+    handler.close()
+  sharding = partitioning.replicated(mesh)
+  return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                      metadata.tree)
+
+
+def first_mismatch(expected, saved) -> str | None:
+  """The first array absent from one of two pytrees or shaped differently, or None."""
+  shapes = lambda tree: {jax.tree_util.keystr(path): tuple(leaf.shape)
+                         for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+  expected, saved = shapes(expected), shapes(saved)
+  for name in sorted(expected.keys() | saved.keys()):
+    if expected.get(name) != saved.get(name):
+      return f'{name} is {saved.get(name, "absent")} in the checkpoint, {expected.get(name, "absent")} in the model'
+  return None
+
+
+def restore(workdir: str, split: str, checkpoint: str, mesh) -> Restored:
+  """Rebuilds tokenizer and model from WORKDIR/config.json and restores (or averages) variables.
+
+  Every check of the command line and of the workdir runs before the tokenizer is loaded.
+
+  Raises:
+    ValueError: with a one-line message, for any bad input.
+  """
+  kind, number = parse_checkpoint(checkpoint)
+  config = load_config(workdir)
+  datasets.check_split(config.data.dataset, split)
+  directory = os.path.join(workdir, 'checkpoints')
+  no_checkpoint = f'no checkpoint in {directory}: train.py has not saved one yet'
+  # Checked before opening a Checkpointer, which would create the folder.
+  if not os.path.isdir(directory):
+    raise ValueError(no_checkpoint)
+  checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
+                              save_every=config.train.checkpoint_every)
+  try:
+    if not checkpointer.all_steps():
+      raise ValueError(no_checkpoint)
+    steps = checkpoint_steps(checkpointer, kind, number)
+    tokenizer = tokenizer_lib.get_tokenizer(config.data)
+    model = train.build_model(config, tokenizer.vocab_size)
+    dummy = jnp.ones((1, 8), jnp.int32)
+    expected = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), dummy, dummy, train=False))
+    # Checkpoints of one run share a structure: the newest one stands for all of them.
+    target = saved_structure(checkpointer, steps[-1], mesh)
+    mismatch = first_mismatch(expected, train.model_variables(target['params'], target['batch_stats']))
+    if mismatch:
+      raise ValueError(f'checkpoint at {checkpointer.directory / str(steps[-1])} does not match the model '
+                       f'of {os.path.join(workdir, "config.json")}: {mismatch}')
+    # The mean of one checkpoint is the checkpoint itself.
+    variables = averaging.load_average(
+        checkpointer, steps, target,
+        select=lambda state: train.model_variables(state['params'], state['batch_stats']))
+  finally:
+    checkpointer.close()
+  return Restored(config, tokenizer, model, variables, steps)
+
+
+def tokenize_like_references(lines: list[str], data_config) -> list[str]:
+  """Hypotheses in the form of SplitText.reference_tokenized, for tokenized BLEU."""
+  if data_config.dataset_config == 'tokenized':
+    # The model was trained on, and so writes, the tokenized text itself.
+    return list(lines)
+  normaliser = sacremoses.MosesPunctNormalizer(lang=data_config.target_lang)
+  tokenizer = sacremoses.MosesTokenizer(lang=data_config.target_lang)
+  normalise = _REFERENCES_NORMALISED[data_config.dataset]
+  # escape=True as tokenizer.perl's default, which wrote both datasets' references ("&apos;s").
+  return [tokenizer.tokenize(normaliser.normalize(line) if normalise else line, escape=True,
+                             return_str=True).lower() for line in lines]
+
+
+def length_buckets(sources: list[str], hypotheses: list[str], references: list[str]) -> list[dict]:
+  """Count and detokenised BLEU (None when empty) of each source-length bucket, in words."""
+  starts = (1,) + tuple(end + 1 for end in BUCKET_ENDS)
+  names = [f'{start}-{end}' for start, end in zip(starts, BUCKET_ENDS)] + [f'{starts[-1]}+']
+  bucket_of = np.searchsorted(BUCKET_ENDS, [len(source.split()) for source in sources])
+  buckets = []
+  for i, name in enumerate(names):
+    members = np.flatnonzero(bucket_of == i)
+    hyps, refs = [hypotheses[j] for j in members], [references[j] for j in members]
+    bleu = sacrebleu.metrics.BLEU().corpus_score(hyps, [refs]).score if hyps else None
+    buckets.append({'source_words': name, 'count': len(hyps), 'bleu': bleu})
+  return buckets
+
+
+def score(hypotheses: list[str], text: datasets.SplitText, data_config) -> dict:
+  """Every score of the JSON report, computed by sacrebleu."""
+  bleu, chrf, tokenized_bleu = (sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF(),
+                                sacrebleu.metrics.BLEU(tokenize='none'))
+  return {
+      'bleu': bleu.corpus_score(hypotheses, [text.reference]).score,
+      'bleu_signature': str(bleu.get_signature()),
+      'chrf': chrf.corpus_score(hypotheses, [text.reference]).score,
+      'chrf_signature': str(chrf.get_signature()),
+      'tokenized_bleu': tokenized_bleu.corpus_score(
+          tokenize_like_references(hypotheses, data_config), [text.reference_tokenized]).score,
+      'tokenized_bleu_signature': str(tokenized_bleu.get_signature()),
+      'buckets': length_buckets(text.source, hypotheses, text.reference),
+  }
+
+
+def decoding_settings(config: ml_collections.ConfigDict, flag_settings: dict,
+                      batch_size: int | None) -> tuple[dict, int]:
+  """`translate` keyword arguments and batch size: the flags, or the config where a flag is None."""
+  settings = dict(flag_settings)
+  for name in ('beam_size', 'length_penalty'):
+    if settings[name] is None:
+      settings[name] = config.eval[name]
+  batch_size = batch_size or config.data.eval_batch_size
+  if batch_size % jax.device_count():
+    raise ValueError(f'--batch_size={batch_size} must be a multiple of the {jax.device_count()} devices')
+  return settings, batch_size
+
+
+def translate_split(run: Restored, split: str, settings: dict, batch_size: int, mesh
+                    ) -> tuple[list[str], dict]:
+  """Detokenised hypotheses of `split` in source order, and the decoding times.
+
+  Every batch shape is compiled before the decode loop, so its time and speed exclude compilation.
+  """
+  batches = pipeline.make_eval_batches(run.config.data, run.tokenizer, split, batch_size)
+  variables = partitioning.replicate(run.variables, mesh)
+  inputs = [jax.device_put(batch['encoder_input_tokens'], partitioning.batch_sharded(mesh))
+            for batch in batches]
+  start = time.perf_counter()
+  executables = {}
+  for tokens in inputs:
+    if tokens.shape not in executables:
+      executables[tokens.shape] = translate.lower(run.model, variables, tokens, **settings).compile()
+  compile_s = time.perf_counter() - start
+  start = time.perf_counter()
+  outputs = [executables[tokens.shape](variables, tokens) for tokens in inputs]
+  outputs = [np.asarray(output) for output in outputs]  # waits for the device
+  decode_s = time.perf_counter() - start
+  hypotheses = [''] * sum(int((batch['example_index'] >= 0).sum()) for batch in batches)
+  for batch, tokens in zip(batches, outputs):
+    for index, ids in zip(batch['example_index'], tokens):
+      if index >= 0:
+        # Byte-fallback pieces can decode to line breaks, which would misalign the hyp file.
+        hypotheses[index] = ' '.join(run.tokenizer.decode(ids).splitlines())
+  return hypotheses, {'compile_s': compile_s, 'decode_s': decode_s,
+                      'sentences_per_sec': len(hypotheses) / decode_s}
+
+
+def print_table(report: dict) -> None:
+  decoding = report['decoding']
+  print(f'{report["split"]}: {report["sentences"]} sentences, checkpoint {report["checkpoint"]} '
+        f'(steps {report["checkpoint_steps"]}), beam {decoding["beam_size"]}, length penalty '
+        f'{decoding["length_penalty"]} ({decoding["length_penalty_form"]})')
+  print(f'  BLEU {report["bleu"]:.2f} ({report["bleu_signature"]}), chrF {report["chrf"]:.2f}, '
+        f'tokenized BLEU {report["tokenized_bleu"]:.2f}')
+  print('  source words  sentences    BLEU')
+  for bucket in report['buckets']:
+    bleu = '-' if bucket['bleu'] is None else f'{bucket["bleu"]:.2f}'
+    print(f'  {bucket["source_words"]:>12}  {bucket["count"]:>9}  {bleu:>6}')
+  print(f'  decode {report["decode_s"]:.1f} s ({report["sentences_per_sec"]:.1f} sentences/s) after '
+        f'{report["compile_s"]:.1f} s compiling; wall {report["wall_s"]:.1f} s on {report["devices"]}')
+
+
+def main(argv):
+  del argv
+  start = time.perf_counter()
+  workdir, split, checkpoint = WORKDIR.value, SPLIT.value, CHECKPOINT.value
+  flag_settings = {'beam_size': BEAM_SIZE.value, 'length_penalty': LENGTH_PENALTY.value,
+                   'length_penalty_form': LENGTH_PENALTY_FORM.value,
+                   'max_length_a': MAX_LENGTH_A.value, 'max_length_b': MAX_LENGTH_B.value}
+  if flags.FLAGS['config'].present:
+    raise SystemExit('eval.py: --config is not used: the config is WORKDIR/config.json')
+  mesh = partitioning.make_mesh()
+  try:
+    run = restore(workdir, split, checkpoint, mesh)
+    settings, batch_size = decoding_settings(run.config, flag_settings, BATCH_SIZE.value)
+  except ValueError as error:
+    raise SystemExit(f'eval.py: {train._one_line(error)}') from None
+  hypotheses, timing = translate_split(run, split, settings, batch_size, mesh)
+  report = {
+      'workdir': os.path.abspath(workdir), 'split': split, 'sentences': len(hypotheses),
+      'checkpoint': checkpoint, 'checkpoint_steps': run.steps,
+      'decoding': dict(settings, batch_size=batch_size),
+      **score(hypotheses, datasets.load_split_text(run.config.data, split), run.config.data),
+      **timing, 'devices': f'{jax.device_count()} x {jax.devices()[0].device_kind}',
+  }
+  report['wall_s'] = time.perf_counter() - start
+  out_dir = os.path.join(workdir, 'eval')
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, f'{split}.hyp.txt'), 'w') as f:
+    f.write(''.join(line + '\n' for line in hypotheses))
+  with open(os.path.join(out_dir, f'{split}.json'), 'w') as f:
+    json.dump(report, f, indent=2)
+  print_table(report)
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=train.parse_flags)

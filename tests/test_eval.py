@@ -1,0 +1,249 @@
+"""eval.py on a smoke run, its bad inputs, and the decoding and averaging it relies on."""
+
+import functools
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import sacrebleu
+import sacremoses
+
+import eval as eval_lib
+import train
+from configs import base, smoke
+from data import datasets
+from model.config import ModelConfig
+from model.transformer import Transformer
+from model.translate import beam_translate, translate
+from training import averaging
+from training.checkpointing import Checkpointer
+
+REPO = Path(__file__).resolve().parents[1]
+PAD, EOS, BOS = 0, 1, 2
+SOURCE = np.array([[5, 6, 7, 8, 9, 1, 0, 0], [10, 11, 1, 0, 0, 0, 0, 0], [4, 12, 13, 14, 15, 16, 17, 1]])
+# 461 short sentences: the cheapest Multi30k test split.
+SPLIT = 'test_mscoco_2017'
+
+
+def tiny_model(vocab: int, layers: int = 2) -> Transformer:
+  config = base.get_config().model
+  config.update(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=layers, num_decoder_layers=layers,
+                dropout_rate=0.0)
+  return Transformer(ModelConfig.from_config(config, source_vocab_size=vocab, target_vocab_size=vocab))
+
+
+@pytest.fixture(scope='module')
+def random_model():
+  model = tiny_model(vocab=23)
+  variables = jax.jit(model.init)(jax.random.PRNGKey(0), SOURCE, SOURCE[:, :4])
+  # A trained model never predicts padding, which the full forward pass would mask and the
+  # cache would not: a zero padding embedding (tied to the output) keeps its logit below the best.
+  embedding = variables['params']['source_embedding']['embedding']
+  variables['params']['source_embedding']['embedding'] = embedding.at[PAD].set(0.0)
+  return model, variables
+
+
+def test_greedy_with_cache_equals_argmax_of_the_full_forward_pass(random_model):
+  model, variables = random_model
+  a, b = 3, 1.0
+  greedy = np.asarray(translate(model, variables, SOURCE, max_length_a=a, max_length_b=b))  # [B, T]
+  limits = np.floor(a + b * (SOURCE != PAD).sum(1)).astype(int)  # EOS forced as token number `limit`
+  # Teacher-forced, no cache; the decoder input has a fixed width, as the positions after t are
+  # padding that the causal mask hides from position t.
+  forward = jax.jit(model.apply)
+  decoder_input = np.zeros_like(greedy)
+  decoder_input[:, 0] = BOS
+  expected = np.zeros_like(greedy)
+  finished = np.zeros(len(SOURCE), bool)
+  for t in range(greedy.shape[1]):
+    logits = forward(variables, SOURCE, decoder_input)  # [B, T, V]
+    tokens = np.where(t == limits - 1, EOS, np.asarray(logits[:, t]).argmax(-1))
+    tokens = np.where(finished, PAD, tokens)
+    finished |= tokens == EOS
+    expected[:, t] = tokens
+    if t + 1 < greedy.shape[1]:
+      decoder_input[:, t + 1] = tokens
+  assert finished.all()
+  np.testing.assert_array_equal(greedy, expected)
+
+
+def test_beam_size_one_equals_greedy(random_model):
+  model, variables = random_model
+  greedy = translate(model, variables, SOURCE, beam_size=1)
+  tokens, _ = beam_translate(model, variables, SOURCE, beam_size=1, length_penalty=0.0)
+  np.testing.assert_array_equal(tokens[:, 0], greedy)
+
+
+def reversal_arrays(sequences, width=8):
+  """Source + EOS, BOS + reversed source, reversed source + EOS: [N, width] each."""
+  source, decoder_input, target = (np.zeros((len(sequences), width), np.int32) for _ in range(3))
+  for row, sequence in enumerate(sequences):
+    n = len(sequence)
+    source[row, :n + 1] = (*sequence, EOS)
+    decoder_input[row, :n + 1] = (BOS, *sequence[::-1])
+    target[row, :n + 1] = (*sequence[::-1], EOS)
+  return source, decoder_input, target
+
+
+def test_tiny_trained_model_reverses_held_out_sequences():
+  rng = np.random.default_rng(0)
+  sample = lambda n: {tuple(rng.integers(4, 20, rng.integers(3, 7))) for _ in range(n)}
+  pool = sorted(sample(3000))
+  held_out = sorted(sample(200) - set(pool))[:64]
+  model = tiny_model(vocab=20, layers=1)
+  tx = optax.adam(5e-3)
+  state = train.create_train_state(model, tx, seed=0)
+  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.0,
+                                   dropout_key=jax.random.PRNGKey(1)))
+  for _ in range(500):
+    source, decoder_input, target = reversal_arrays([pool[i] for i in rng.integers(0, len(pool), 64)])
+    state, _ = step(state, {'encoder_input_tokens': source, 'decoder_input_tokens': decoder_input,
+                            'decoder_target_tokens': target,
+                            'decoder_target_weights': (target != PAD).astype(np.float32)})
+  source, _, target = reversal_arrays(held_out)
+  for beam_size in (1, 4):
+    tokens = np.asarray(translate(model, {'params': state.params}, jnp.asarray(source), beam_size=beam_size))
+    np.testing.assert_array_equal(tokens[:, :target.shape[1]], target)
+    assert not tokens[:, target.shape[1]:].any()
+
+
+def test_average_of_the_latest_checkpoints_is_their_mean(tmp_path):
+  rng = np.random.default_rng(0)
+  trees = [{'dense': {'kernel': rng.normal(size=(3, 4)).astype(np.float32)},
+            'bias': rng.normal(size=(4,)).astype(np.float32)} for _ in range(4)]
+  checkpointer = Checkpointer(tmp_path, keep=5, save_every=1)
+  for step, tree in enumerate(trees, start=1):
+    checkpointer.save(step, tree, {})
+  steps = averaging.latest_steps(checkpointer, 3)
+  averaged = averaging.load_average(checkpointer, steps, jax.eval_shape(lambda: trees[0]),
+                                    select=lambda tree: tree)
+  checkpointer.close()
+  assert steps == [2, 3, 4]
+  for leaf, *leaves in zip(jax.tree.leaves(averaged), *map(jax.tree.leaves, trees[1:])):
+    assert leaf.dtype == np.float32
+    np.testing.assert_allclose(leaf, np.mean(leaves, axis=0), rtol=1e-6)
+
+
+@pytest.fixture(scope='module')
+def smoke_run(tmp_path_factory, data_cache):
+  """A smoke run with checkpoints at steps 2, 4 and 6, whose config asks for beam size 2."""
+  workdir = tmp_path_factory.mktemp('smoke_eval')
+  config = smoke.get_config()
+  config.data.cache_dir = str(data_cache)
+  config.train.update(num_steps=6, checkpoint_every=2, keep_checkpoints=3, eval_every=6, log_every=6)
+  config.eval.beam_size = 2
+  train.train_and_evaluate(config, str(workdir))
+  return workdir, config
+
+
+def run_eval(*args):
+  return subprocess.run([sys.executable, 'eval.py', *args], cwd=REPO, capture_output=True, text=True,
+                        timeout=300)
+
+
+def moses_lowercase(lines):
+  """Multi30k's recipe for its lc.norm.tok files, written out independently of eval.py."""
+  normaliser, tokenizer = sacremoses.MosesPunctNormalizer(lang='en'), sacremoses.MosesTokenizer(lang='en')
+  return [tokenizer.tokenize(normaliser.normalize(line), return_str=True).lower() for line in lines]
+
+
+def test_eval_report_equals_sacrebleu_on_the_written_hypotheses(smoke_run):
+  workdir, config = smoke_run
+  # Short limits keep the untrained model's hypotheses, hence the test, short.
+  result = run_eval(f'--workdir={workdir}', f'--split={SPLIT}', '--checkpoint=avg:2', '--batch_size=512',
+                    '--max_length_a=2', '--max_length_b=0.5')
+  assert result.returncode == 0, result.stderr[-2000:]
+  report = json.load(open(workdir / 'eval' / f'{SPLIT}.json'))
+  hypotheses = (workdir / 'eval' / f'{SPLIT}.hyp.txt').read_text().split('\n')
+  assert hypotheses.pop() == ''  # the file ends with a newline
+  text = datasets.load_split_text(config.data, SPLIT)
+  assert len(hypotheses) == len(text.source) == report['sentences'] == 461
+  assert report['checkpoint_steps'] == [4, 6]
+  assert report['decoding'] == {'beam_size': 2, 'length_penalty': 1.0, 'length_penalty_form': 'fairseq',
+                                'max_length_a': 2, 'max_length_b': 0.5, 'batch_size': 512}
+  bleu = sacrebleu.metrics.BLEU()
+  assert report['bleu'] == bleu.corpus_score(hypotheses, [text.reference]).score
+  assert report['bleu_signature'] == str(bleu.get_signature())
+  assert report['chrf'] == sacrebleu.corpus_chrf(hypotheses, [text.reference]).score
+  # The recipe reproduces the tokenized references from the original ones.
+  assert moses_lowercase(text.reference) == text.reference_tokenized
+  assert report['tokenized_bleu'] == sacrebleu.corpus_bleu(
+      moses_lowercase(hypotheses), [text.reference_tokenized], tokenize='none').score
+  assert [bucket['count'] for bucket in report['buckets']] == [
+      sum(lo <= max(len(s.split()), 1) <= hi for s in text.source)
+      for lo, hi in [(1, 10), (11, 20), (21, 30), (31, 40), (41, 10**9)]]
+  assert report['decode_s'] > 0 and report['wall_s'] > report['decode_s'] + report['compile_s']
+  assert report['sentences_per_sec'] == pytest.approx(461 / report['decode_s'])
+  assert 'tokenized BLEU' in result.stdout
+
+
+def test_scores_of_imperfect_hypotheses_equal_sacrebleu(smoke_run):
+  """Non-trivial scores, which the smoke model's hypotheses are not."""
+  _, config = smoke_run
+  text = datasets.load_split_text(config.data, SPLIT)
+  # Every other line loses its last word, every third is lowercased.
+  hypotheses = [' '.join(line.split()[:-1]) if i % 2 else line for i, line in enumerate(text.reference)]
+  hypotheses = [line.lower() if i % 3 == 0 else line for i, line in enumerate(hypotheses)]
+  scores = eval_lib.score(hypotheses, text, config.data)
+  assert 30 < scores['bleu'] < 95 and scores['tokenized_bleu'] > scores['bleu']
+  assert scores['tokenized_bleu'] == sacrebleu.corpus_bleu(
+      moses_lowercase(hypotheses), [text.reference_tokenized], tokenize='none').score
+  short = [i for i, source in enumerate(text.source) if len(source.split()) <= 10]
+  assert scores['buckets'][0]['bleu'] == sacrebleu.corpus_bleu(
+      [hypotheses[i] for i in short], [[text.reference[i] for i in short]]).score
+  assert scores['buckets'][-1] == {'source_words': '41+', 'count': 0, 'bleu': None}
+
+
+BAD_INPUTS = {
+    'no_config': (['--workdir={root}/empty'], 'no config.json in'),
+    'no_checkpoint': (['--workdir={root}/untrained'], 'no checkpoint in'),
+    'unknown_split': (['--workdir={run}', '--split=test_2099'],
+                      "Unknown multi30k split 'test_2099'; valid: train, validation, test_2016"),
+    'bad_checkpoint': (['--workdir={run}', '--checkpoint=newest'], "--checkpoint='newest' is not 'last'"),
+    'unsaved_step': (['--workdir={run}', '--checkpoint=5'], '--checkpoint=5: no such checkpoint'),
+    'too_many_to_average': (['--workdir={run}', '--checkpoint=avg:9'], 'cannot average 9 checkpoints'),
+    'incompatible_config': (['--workdir={root}/edited'], 'checkpoints/6 does not match the model of'),
+}
+
+
+@pytest.fixture(scope='module')
+def bad_input_results(smoke_run, tmp_path_factory):
+  """stderr of eval.py per BAD_INPUTS case, the processes run side by side."""
+  run, _ = smoke_run
+  root = tmp_path_factory.mktemp('bad_inputs')
+  (root / 'empty').mkdir()
+  (root / 'untrained').mkdir()
+  shutil.copy(run / 'config.json', root / 'untrained')
+  shutil.copytree(run / 'checkpoints', root / 'edited' / 'checkpoints')
+  config = json.load(open(run / 'config.json'))
+  config['model']['d_model'] = 64
+  json.dump(config, open(root / 'edited' / 'config.json', 'w'))
+  processes = {}
+  for case, (args, _) in BAD_INPUTS.items():
+    args = [arg.format(root=root, run=run) for arg in args]
+    stderr = open(root / f'{case}.stderr', 'w+')
+    processes[case] = (subprocess.Popen([sys.executable, 'eval.py', '--split=test_2016', *args], cwd=REPO,
+                                        stdout=subprocess.DEVNULL, stderr=stderr), stderr)
+  results = {}
+  for case, (process, stderr) in processes.items():
+    returncode = process.wait(timeout=300)
+    stderr.seek(0)
+    results[case] = returncode, stderr.read()
+  return root, results
+
+
+@pytest.mark.parametrize('case', BAD_INPUTS)
+def test_bad_input_fails_with_one_clear_line(bad_input_results, case):
+  root, results = bad_input_results
+  returncode, stderr = results[case]
+  assert returncode != 0
+  assert BAD_INPUTS[case][1] in stderr.strip().splitlines()[-1]
+  # Checks run before a Checkpointer would create the folder.
+  assert not (root / 'untrained' / 'checkpoints').exists()
