@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
 from data import pipeline, tokenizer as tokenizer_lib
@@ -116,6 +117,16 @@ def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   os.replace(path + '.tmp', path)
 
 
+def _prepare_tokenizer(data_config):
+  """Prepares data and tokenizer on process 0 first, so processes sharing a cache never race."""
+  if jax.process_index() == 0:
+    tokenizer = tokenizer_lib.get_tokenizer(data_config)
+  multihost_utils.sync_global_devices('data and tokenizer prepared')
+  if jax.process_index() != 0:
+    tokenizer = tokenizer_lib.get_tokenizer(data_config)
+  return tokenizer
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        stop_after_steps: int | None = None) -> TrainState:
   """Trains to config.train.num_steps (or num_epochs), resuming from `workdir` if it has checkpoints.
@@ -136,7 +147,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     _write_config(config, workdir)
     logging.info('config:\n%s', config)
 
-  tokenizer = tokenizer_lib.get_tokenizer(config.data)
+  tokenizer = _prepare_tokenizer(config.data)
   model = build_model(config, tokenizer.vocab_size)
   mesh = partitioning.make_mesh()
   train_iter = pipeline.make_train_iterator(

@@ -20,6 +20,9 @@ from training.optimizer import make_optimizer
 def main():
   config = smoke.get_config()
   config.model.norm = os.environ.get('NORM', 'layer')
+  # Plain SGD at a constant rate: the update is the gradient itself, so parameter differences
+  # measure gradient differences (Adam's first step is nearly sign(g) and would hide them).
+  config.optim.update(optimizer='sgd', b1=0.0, learning_rate=1.0, schedule='constant', warmup_steps=0)
   model = train.build_model(config, vocab_size=50)
   tx, _ = make_optimizer(config.optim, steps_per_epoch=None, total_steps=100)
   rng = np.random.default_rng(0)
@@ -47,7 +50,7 @@ def main():
                           for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
   print(json.dumps({'loss': [float(single_metrics['train_loss']), float(sharded_metrics['train_loss'])],
                     'params_diff': diff(single_state.params, sharded_state.params),
-                    'param_scale': max(float(np.max(np.abs(x))) for x in jax.tree.leaves(single_state.params)),
+                    'update_scale': diff(single_state.params, state.params),
                     'batch_stats_diff': diff(single_state.batch_stats, sharded_state.batch_stats)
                     if single_state.batch_stats else 0.0}))
 

@@ -11,21 +11,26 @@ import numpy as np
 import portpicker
 import pytest
 
+import train
+from configs import smoke
 from training.checkpointing import Checkpointer
+from training.optimizer import make_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize('norm', ['layer', 'batch'])
 def test_sharded_train_step_equals_single_device_step(norm):
-  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=4', 'NORM': norm}
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=4', 'NORM': norm,
+         'PYTHONPATH': str(REPO)}
   result = subprocess.run([sys.executable, 'tests/sharded_step_check.py'], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads(result.stdout.strip().splitlines()[-1])
   single, sharded = report['loss']
   assert sharded == pytest.approx(single, rel=1e-5)
-  assert report['params_diff'] <= 1e-5 * report['param_scale']
+  assert report['update_scale'] > 1e-3
+  assert report['params_diff'] <= 1e-4 * report['update_scale']
   assert report['batch_stats_diff'] <= 1e-5
 
 
@@ -37,11 +42,15 @@ def _train_command(workdir, cache_dir, *extra):
 
 
 def _final_params(workdir):
+  """The latest checkpoint's params, restored onto this process's devices."""
+  config = smoke.get_config()
+  model = train.build_model(config, config.data.vocab_size)
+  tx, _ = make_optimizer(config.optim, steps_per_epoch=None, total_steps=config.train.num_steps)
   checkpointer = Checkpointer(str(workdir), keep=1, save_every=1)
   step = checkpointer.latest_step()
-  restored = checkpointer._manager.restore(step)  # untyped restore: plain numpy trees
+  state, _ = checkpointer.restore(step, train.create_train_state(model, tx, seed=0))
   checkpointer.close()
-  return step, restored.state['params']
+  return step, state.params
 
 
 def test_two_processes_train_like_one_process_with_the_same_devices(tmp_path, data_cache):
