@@ -41,6 +41,7 @@ class Checkpointer:
       keep: int,
       save_every: int,
       best_metric: str = 'val_loss',
+      read_only: bool = False,
   ):
     """Opens (or creates) WORKDIR/checkpoints.
 
@@ -52,6 +53,10 @@ class Checkpointer:
         skips other steps unless forced.
       best_metric: Key of the `metrics` passed to `save` that ranks checkpoints;
         lower is better.
+      read_only: For readers such as eval.py: neither create the folder nor
+        remove unfinished saves, which may be a live run's save in progress.
+        (The removal also runs in a background thread that a reader exiting
+        at once races with, failing at interpreter shutdown.)
     """
     if keep < 1 or save_every < 1:
       raise ValueError(f'keep={keep} and save_every={save_every} must be >= 1.')
@@ -76,7 +81,8 @@ class Checkpointer:
         # metrics with each step and answer best_step().
         best_fn=get_metric,
         best_mode='min',
-        cleanup_tmp_directories=True,
+        create=not read_only,
+        cleanup_tmp_directories=not read_only,
     )
     self._manager = ocp.CheckpointManager(directory, options=options)
 
