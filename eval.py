@@ -152,16 +152,12 @@ def restore(workdir: str, split: str, checkpoint: str, mesh) -> Restored:
   kind, number = parse_checkpoint(checkpoint)
   config = load_config(workdir)
   datasets.check_split(config.data.dataset, split)
-  directory = os.path.join(workdir, 'checkpoints')
-  no_checkpoint = f'no checkpoint in {directory}: train.py has not saved one yet'
-  # Checked before opening a Checkpointer, which would create the folder.
-  if not os.path.isdir(directory):
-    raise ValueError(no_checkpoint)
+  # Read-only: the run may still be training, and a save of it in progress must stay.
   checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
-                              save_every=config.train.checkpoint_every)
+                              save_every=config.train.checkpoint_every, read_only=True)
   try:
     if not checkpointer.all_steps():
-      raise ValueError(no_checkpoint)
+      raise ValueError(f'no checkpoint in {checkpointer.directory}: train.py has not saved one yet')
     steps = checkpoint_steps(checkpointer, kind, number)
     tokenizer = tokenizer_lib.get_tokenizer(config.data)
     model = train.build_model(config, tokenizer.vocab_size)
