@@ -93,7 +93,7 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.
   new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, param_updates),
                             opt_state=opt_state, batch_stats=updates.get('batch_stats', state.batch_stats))
   metrics = {'train_loss': loss, 'train_nll': sums['nll'] / jnp.maximum(sums['tokens'], 1.0),
-             'grad_norm': optax.global_norm(grads), 'target_tokens': sums['tokens']}
+             'grad_norm': optax.tree.norm(grads), 'target_tokens': sums['tokens']}
   return new_state, metrics
 
 

@@ -1,9 +1,11 @@
 """Run in a subprocess with 4 host devices: one train step sharded over a 4-device mesh
-against the same step on one device. Prints JSON with the largest differences."""
+against the same step on one device, for each norm named on the command line. Prints one JSON
+line per norm with the largest differences."""
 
 import functools
 import json
 import os
+import sys
 
 assert 'xla_force_host_platform_device_count=4' in os.environ.get('XLA_FLAGS', '')
 
@@ -17,9 +19,9 @@ from training import partitioning
 from training.optimizer import make_optimizer
 
 
-def main():
+def check(norm):
   config = smoke.get_config()
-  config.model.norm = os.environ.get('NORM', 'layer')
+  config.model.norm = norm
   # Plain SGD at a constant rate: the update is the gradient itself, so parameter differences
   # measure gradient differences (Adam's first step is nearly sign(g) and would hide them).
   config.optim.update(optimizer='sgd', b1=0.0, learning_rate=1.0, schedule='constant', warmup_steps=0)
@@ -48,7 +50,7 @@ def main():
 
   diff = lambda a, b: max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
                           for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-  print(json.dumps({'loss': [float(single_metrics['train_loss']), float(sharded_metrics['train_loss'])],
+  print(json.dumps({'norm': norm, 'loss': [float(single_metrics['train_loss']), float(sharded_metrics['train_loss'])],
                     'params_diff': diff(single_state.params, sharded_state.params),
                     'update_scale': diff(single_state.params, state.params),
                     'batch_stats_diff': diff(single_state.batch_stats, sharded_state.batch_stats)
@@ -56,4 +58,5 @@ def main():
 
 
 if __name__ == '__main__':
-  main()
+  for name in sys.argv[1:]:
+    check(name)
