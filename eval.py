@@ -159,7 +159,10 @@ def restore(workdir: str, split: str, checkpoint: str, mesh) -> Restored:
     if not checkpointer.all_steps():
       raise ValueError(f'no checkpoint in {checkpointer.directory}: train.py has not saved one yet')
     steps = checkpoint_steps(checkpointer, kind, number)
-    tokenizer = tokenizer_lib.get_tokenizer(config.data)
+    tokenizer_path = os.path.join(workdir, train.TOKENIZER_FILE)
+    if not os.path.exists(tokenizer_path):
+      raise ValueError(f'no {train.TOKENIZER_FILE} in {workdir}: not a workdir written by train.py')
+    tokenizer = tokenizer_lib.Tokenizer(tokenizer_path)
     model = train.build_model(config, tokenizer.vocab_size)
     dummy = jnp.ones((1, 8), jnp.int32)
     expected = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), dummy, dummy, train=False))

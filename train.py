@@ -11,6 +11,7 @@ The workdir receives config.json, metrics.jsonl, TensorBoard events, status.json
 import functools
 import json
 import os
+import shutil
 import time
 from typing import Any
 
@@ -117,14 +118,23 @@ def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   os.replace(path + '.tmp', path)
 
 
-def _prepare_tokenizer(data_config):
-  """Prepares data and tokenizer on process 0 first, so processes sharing a cache never race."""
-  if jax.process_index() == 0:
-    tokenizer = tokenizer_lib.get_tokenizer(data_config)
+TOKENIZER_FILE = 'tokenizer.model'
+
+
+def load_run_tokenizer(workdir: str, data_config) -> tokenizer_lib.Tokenizer:
+  """The run's own vocabulary: WORKDIR/tokenizer.model, copied there from the cache on first start.
+
+  Keeping a copy in the workdir means resuming and eval.py never depend on a cache that may have
+  been cleared or rebuilt. Process 0 prepares data and tokenizer first, so processes sharing a
+  cache never race.
+  """
+  path = os.path.join(workdir, TOKENIZER_FILE)
+  if jax.process_index() == 0 and not os.path.exists(path):
+    cached = tokenizer_lib.get_tokenizer(data_config)
+    shutil.copyfile(cached.model_path, path + '.tmp')
+    os.replace(path + '.tmp', path)
   multihost_utils.sync_global_devices('data and tokenizer prepared')
-  if jax.process_index() != 0:
-    tokenizer = tokenizer_lib.get_tokenizer(data_config)
-  return tokenizer
+  return tokenizer_lib.Tokenizer(path)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -147,7 +157,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     _write_config(config, workdir)
     logging.info('config:\n%s', config)
 
-  tokenizer = _prepare_tokenizer(config.data)
+  tokenizer = load_run_tokenizer(workdir, config.data)
   model = build_model(config, tokenizer.vocab_size)
   mesh = partitioning.make_mesh()
   train_iter = pipeline.make_train_iterator(

@@ -210,6 +210,7 @@ BAD_INPUTS = {
     'unsaved_step': (['--workdir={run}', '--checkpoint=5'], '--checkpoint=5: no such checkpoint'),
     'too_many_to_average': (['--workdir={run}', '--checkpoint=avg:9'], 'cannot average 9 checkpoints'),
     'incompatible_config': (['--workdir={root}/edited'], 'checkpoints/6 does not match the model of'),
+    'no_tokenizer': (['--workdir={root}/no_tokenizer'], 'no tokenizer.model in'),
 }
 
 
@@ -222,6 +223,9 @@ def bad_input_results(smoke_run, tmp_path_factory):
   (root / 'untrained').mkdir()
   shutil.copy(run / 'config.json', root / 'untrained')
   shutil.copytree(run / 'checkpoints', root / 'edited' / 'checkpoints')
+  shutil.copy(run / 'tokenizer.model', root / 'edited')
+  shutil.copytree(run / 'checkpoints', root / 'no_tokenizer' / 'checkpoints')
+  shutil.copy(run / 'config.json', root / 'no_tokenizer')
   config = json.load(open(run / 'config.json'))
   config['model']['d_model'] = 64
   json.dump(config, open(root / 'edited' / 'config.json', 'w'))
