@@ -37,7 +37,7 @@ from training.checkpointing import Checkpointer
 
 # train.py (imported for its model and state builders) defines --workdir, and --config, which
 # eval.py refuses: the config is the one saved in the workdir.
-WORKDIR = train.FLAGS
+WORKDIR = train.WORKDIR
 SPLIT = flags.DEFINE_string('split', None, 'Split to translate, e.g. test_2016.', required=True)
 CHECKPOINT = flags.DEFINE_string('checkpoint', 'last', "'last', 'best', a saved step, or 'avg:N'.")
 BEAM_SIZE = flags.DEFINE_integer('beam_size', None, 'Beam width, 1 for greedy search '
@@ -296,7 +296,7 @@ def main(argv):
     run = restore(workdir, split, checkpoint, mesh)
     settings, batch_size = decoding_settings(run.config, flag_settings, BATCH_SIZE.value)
   except ValueError as error:
-    raise SystemExit(f'eval.py: {train._one_line(error)}') from None
+    raise SystemExit(f'eval.py: {train.one_line_error(error)}') from None
   hypotheses, timing = translate_split(run, split, settings, batch_size, mesh)
   report = {
       'workdir': os.path.abspath(workdir), 'split': split, 'sentences': len(hypotheses),

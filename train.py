@@ -34,7 +34,7 @@ from training.checkpointing import Checkpointer
 from training.evaluation import Evaluator
 from training.optimizer import make_optimizer
 
-FLAGS = flags.DEFINE_string('workdir', None, 'Run directory (created or resumed).', required=True)
+WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (created or resumed).', required=True)
 config_flags.DEFINE_config_file('config', None, 'Config file[:preset].', lock_config=True)
 COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-process runs).')
 NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in a multi-process run.')
@@ -279,18 +279,18 @@ def main(argv):
     config = flags.FLAGS.config
     config.keys()  # config_flags loads the file and applies overrides lazily, on first use
   except Exception as error:  # IOError, AttributeError (unknown key), flags.Error, ...
-    raise SystemExit(f'invalid command line: {_one_line(error)}') from None
+    raise SystemExit(f'invalid command line: {one_line_error(error)}') from None
   try:
     validation.check_config(config)
   except ValueError as error:
     raise SystemExit(f'invalid config: {error}') from None
   try:
-    train_and_evaluate(config, FLAGS.value)
+    train_and_evaluate(config, WORKDIR.value)
   except run_log.DivergenceError as error:
     raise SystemExit(f'diverged: {error}') from None
 
 
-def _one_line(error: Exception) -> str:
+def one_line_error(error: Exception) -> str:
   return ' '.join(str(error).replace('\\n', ' ').split())
 
 
@@ -299,7 +299,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except Exception as error:  # config_flags raises AttributeError, IOError, flags.Error, ...
-    raise SystemExit(f'invalid command line: {_one_line(error)}') from None
+    raise SystemExit(f'invalid command line: {one_line_error(error)}') from None
 
 
 if __name__ == '__main__':
