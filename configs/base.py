@@ -134,10 +134,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Label smoothing of the cross entropy (0 disables).
   train.label_smoothing = 0.1
 
-  config.eval = ml_collections.ConfigDict()
+  evaluation = config.eval = ml_collections.ConfigDict()
   # Beam width of eval.py decoding (1 is greedy).
-  config.eval.beam_size = 5
+  evaluation.beam_size = 5
   # Length penalty alpha; fairseq form score / length**alpha.
-  config.eval.length_penalty = 1.0
+  evaluation.length_penalty = 1.0
 
   return config
