@@ -71,30 +71,6 @@ def test_cross_attention_keys_values_are_computed_once_in_the_cache():
     assert after['cross']['key'].shape == (3, SOURCE.shape[1], 2, 8)
 
 
-MATRIX = list(itertools.product(['layer', 'rms', 'batch', 'scale'], ['post', 'pre'],
-                                ['sinusoidal', 'learned', 'rope', 'none'], ['relu', 'gelu', 'swiglu']))
-
-
-@pytest.mark.parametrize('norm,norm_position,position,activation', MATRIX)
-def test_component_matrix_trains(norm, norm_position, position, activation):
-  model = Transformer(tiny_config(norm=norm, norm_position=norm_position, position=position,
-                                  activation=activation, num_encoder_layers=1, num_decoder_layers=1))
-  variables = init(model, train=True)
-  params, state = variables['params'], {k: v for k, v in variables.items() if k != 'params'}
-
-  def loss_fn(params):
-    logits, _ = model.apply({'params': params, **state}, SOURCE, TARGET_IN, train=True,
-                            rngs={'dropout': jax.random.PRNGKey(3)}, mutable=list(state))
-    sums = losses.weighted_sums(logits, TARGET_OUT, TARGET_OUT != 0, 0.1)
-    return sums['loss'] / sums['tokens']
-
-  loss, grads = jax.value_and_grad(loss_fn)(params)
-  assert np.isfinite(loss) and loss > 0
-  grad_leaves = jax.tree.leaves(grads)
-  assert all(np.isfinite(g).all() for g in grad_leaves)
-  assert sum(float(jnp.abs(g).sum()) for g in grad_leaves) > 0
-
-
 def fairseq_transformer_parameter_count(src_vocab, tgt_vocab, d, ffn, enc_layers, dec_layers,
                                         normalize_before=False, share_decoder_input_output_embed=True):
   """fairseq TransformerModel's parameter count, from its architecture (fairseq/models/transformer).
