@@ -194,12 +194,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   window: list[dict] = []
   window_start = time.perf_counter()
   epoch = 0
-  pending = None  # (step, device metrics) of the step before, checked while this one runs
+  pending = None  # (step, device metrics) of the latest step, fetched once the next one is queued
 
-  def check(done_step, device_metrics):
-    host = jax.device_get(device_metrics)
-    run_log.check_finite(done_step, host['train_loss'], host['grad_norm'])
-    window.append(host)
+  def settle():
+    """Fetches the pending step's metrics (waiting for it) and stops the run if they are not finite."""
+    nonlocal pending
+    if pending is not None:
+      done_step, device_metrics = pending
+      pending = None
+      host = jax.device_get(device_metrics)
+      run_log.check_finite(done_step, host['train_loss'], host['grad_norm'])
+      window.append(host)
 
   def save(at_step, metrics=None, force=False):
     checkpointer.save(at_step, state, {'data_iterator': train_iter.get_state(), 'epoch': epoch},
@@ -211,15 +216,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       local_batch = next(train_iter)
       epoch = int(local_batch.pop('epoch'))
       state, device_metrics = jit_train_step(state, partitioning.global_batch(local_batch, mesh))
-      if pending is not None:
-        check(*pending)
+      settle()  # the step before this one, while this one runs
       step += 1
       steps_this_run += 1
       pending = (step, device_metrics)
       at_end = step == total_steps
       if step % config.train.log_every == 0 or at_end:
-        check(*pending)
-        pending = None
+        settle()
         elapsed = time.perf_counter() - window_start
         record = {
             'epoch': epoch,
@@ -235,23 +238,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                           tok_s=record['tokens_per_sec'])
         window, window_start = [], time.perf_counter()
       eval_metrics = None
+      pause_start = time.perf_counter()
       if step % config.train.eval_every == 0 or at_end:
-        if pending is not None:
-          check(*pending)
-          pending = None
+        settle()
         eval_metrics = evaluator(model, model_variables(state.params, state.batch_stats), state)
         writer.write(step, eval_metrics)
         logging.info('step %d: %s', step, eval_metrics)
       if step % config.train.checkpoint_every == 0 or at_end:
-        if pending is not None:
-          check(*pending)
-          pending = None
+        settle()
         save(step, {'val_loss': eval_metrics['eval_loss']} if eval_metrics else None, force=at_end)
+      # Evaluation and saving are not training: keep them out of tokens_per_sec.
+      window_start += time.perf_counter() - pause_start
       if stop_after_steps is not None and steps_this_run >= stop_after_steps:
         checkpointer.wait_until_finished()
         return state
-    if pending is not None:
-      check(*pending)
+    settle()
   except run_log.DivergenceError as error:
     logging.error('%s', error)
     if is_primary:
