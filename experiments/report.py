@@ -1,0 +1,38 @@
+"""Writes a sweep's report: report.md (a Markdown table and the plots), report.csv and the PNG plots.
+
+scripts/report.py is its command line; the rows come from experiments/results.py, the plots from
+experiments/plots.py.
+"""
+
+import collections
+import os
+
+from experiments import plots, results, sweeps
+
+
+def write_report(sweep_dir: str, out_dir: str, colour_by: str | None = None,
+                 panel_by: str | None = None) -> list[str]:
+  """Writes report.md, report.csv and the plots into `out_dir`; returns the paths written.
+
+  Raises:
+    ValueError: for a folder without runs or an unknown --colour_by/--panel_by field.
+  """
+  runs, fields = results.load_runs(sweep_dir)
+  header, text_rows, csv_rows = results.table(runs, fields)
+  os.makedirs(out_dir, exist_ok=True)
+  images = plots.plot_curves(runs, fields, out_dir, colour_by=colour_by, panel_by=panel_by)
+  states = collections.Counter(results.state_text(run.status).split('@')[0] for run in runs)
+  sweep = sweeps.read_sweep_json(sweep_dir)
+  source = f'the sweep of `{sweep["config"]}`' if sweep else 'runs compared by their config.json'
+  counts = ', '.join(f'{count} {state}' for state, count in states.items())
+  lines = [f'# {sweep_dir}', '', f'{len(runs)} runs, {source}: {counts}.', '',
+           results.markdown(header, text_rows)]
+  for path in images:
+    file_name = os.path.basename(path)
+    lines.append(f'![{os.path.splitext(file_name)[0]}]({file_name})\n')
+  markdown_path = os.path.join(out_dir, 'report.md')
+  with open(markdown_path, 'w') as f:
+    f.write('\n'.join(lines))
+  csv_path = os.path.join(out_dir, 'report.csv')
+  results.write_csv(csv_path, csv_rows)
+  return [markdown_path, csv_path, *images]

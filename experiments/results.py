@@ -1,0 +1,208 @@
+"""Reads a sweep's run folders and summarises every run: the rows of scripts/report.py.
+
+A run folder holds what train.py leaves (README, Training): config.json, metrics.jsonl and
+status.json, plus eval/<split>.json from eval.py. Any of them may be missing (a run not started,
+one still running, one that diverged at step 40): a missing value is None here, empty in the CSV
+and '–' in the Markdown table.
+"""
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import statistics
+from typing import Any
+
+from experiments import sweeps
+
+MISSING = '–'
+# Numeric summary columns: CSV name, Markdown header, format.
+_COLUMNS = (
+    ('final_val_loss', 'final val loss', '.3f'),
+    ('best_val_loss', 'best val loss', '.3f'),
+    ('best_val_step', 'at step', 'd'),
+    ('final_bleu', 'final BLEU', '.2f'),
+    ('best_bleu', 'best BLEU', '.2f'),
+    ('final_train_loss', 'final train loss', '.3f'),
+    ('median_tokens_per_sec', 'tokens/s', '.0f'),
+)
+
+
+@dataclasses.dataclass
+class RunRecords:
+  """Everything read from one run folder."""
+  name: str
+  # Swept field (dotted key) -> the run's value, None where unknown.
+  values: dict[str, Any]
+  # status.json, None before the run started.
+  status: dict | None
+  # metrics.jsonl's training and evaluation records, in step order.
+  train: list[dict]
+  evals: list[dict]
+  # eval.py's report per split, from eval/<split>.json.
+  eval_files: dict[str, dict]
+  # config.json, {} when absent.
+  config: dict
+
+
+def read_metrics(run_dir: str) -> tuple[list[dict], list[dict]]:
+  """Training and evaluation records of the run's final history, in step order.
+
+  A resumed run appends again from its last checkpoint, so a record at or before a step already
+  seen replaces the stopped attempt's records from that step on. A line cut short by a crash is
+  skipped.
+  """
+  train, evals = [], []
+  path = os.path.join(run_dir, 'metrics.jsonl')
+  if not os.path.isfile(path):
+    return train, evals
+  with open(path) as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      records = evals if 'eval_loss' in record else train
+      while records and records[-1]['step'] >= record['step']:
+        records.pop()
+      records.append(record)
+  return train, evals
+
+
+def flatten(config: dict, prefix: str = '') -> dict[str, Any]:
+  """{'model': {'norm': 'rms'}} -> {'model.norm': 'rms'}."""
+  flat = {}
+  for key, value in config.items():
+    if isinstance(value, dict):
+      flat.update(flatten(value, f'{prefix}{key}.'))
+    else:
+      flat[f'{prefix}{key}'] = value
+  return flat
+
+
+def _read_json(path: str) -> dict:
+  if not os.path.isfile(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def _run_folders(sweep_dir: str) -> list[str]:
+  names = sorted(entry.name for entry in os.scandir(sweep_dir) if entry.is_dir())
+  return [name for name in names if any(
+      os.path.isfile(os.path.join(sweep_dir, name, file))
+      for file in ('config.json', 'status.json', 'metrics.jsonl'))]
+
+
+def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
+  """The sweep's runs and its swept fields (dotted keys).
+
+  Runs and fields come from sweep.json (scripts/sweep.py writes it), listing runs not started yet
+  too; without it (runs launched from --dry_run commands elsewhere), every subfolder with run files
+  is a run and the swept fields are the config fields whose values differ between runs.
+
+  Raises:
+    ValueError: if `sweep_dir` is not a folder or holds no run.
+  """
+  if not os.path.isdir(sweep_dir):
+    raise ValueError(f'{sweep_dir}: no such folder')
+  sweep = sweeps.read_sweep_json(sweep_dir)
+  if sweep:
+    names = [run['name'] for run in sweep['runs']]
+    overrides = {run['name']: run['overrides'] for run in sweep['runs']}
+  else:
+    names, overrides = _run_folders(sweep_dir), {}
+  if not names:
+    raise ValueError(f'{sweep_dir} holds no sweep.json and no run folder (config.json, status.json '
+                     'or metrics.jsonl)')
+  configs = {name: flatten(_read_json(os.path.join(sweep_dir, name, 'config.json'))) for name in names}
+  if sweep:
+    fields = sweep['fields']
+  else:
+    keys = list(dict.fromkeys(key for config in configs.values() for key in config))
+    fields = [key for key in keys if len({json.dumps(config.get(key)) for config in configs.values()}) > 1]
+  runs = []
+  for name in names:
+    run_dir = os.path.join(sweep_dir, name)
+    eval_dir = os.path.join(run_dir, 'eval')
+    splits = sorted(file[:-len('.json')] for file in os.listdir(eval_dir)
+                    if file.endswith('.json')) if os.path.isdir(eval_dir) else []
+    values = {field: configs[name].get(field, overrides.get(name, {}).get(field)) for field in fields}
+    train, evals = read_metrics(run_dir)
+    runs.append(RunRecords(
+        name=name, values=values, status=sweeps.read_status(run_dir), train=train, evals=evals,
+        eval_files={split: _read_json(os.path.join(eval_dir, f'{split}.json')) for split in splits},
+        config=_read_json(os.path.join(run_dir, 'config.json'))))
+  return runs, fields
+
+
+def state_text(status: dict | None) -> str:
+  """'finished', 'diverged@40', 'failed@120', 'running@250' or 'not started'."""
+  if status is None:
+    return 'not started'
+  if status['state'] == 'finished':
+    return 'finished'
+  return f'{status["state"]}@{status.get("step", "?")}'
+
+
+def summarise(run: RunRecords) -> dict[str, Any]:
+  """The run's numbers, keyed by CSV column; None where the records lack them."""
+  finite = [r for r in run.evals if math.isfinite(r['eval_loss'])]
+  best = min(finite, key=lambda r: r['eval_loss']) if finite else None
+  bleus = [r['bleu'] for r in run.evals if r.get('bleu') is not None]
+  speeds = [r['tokens_per_sec'] for r in run.train if r.get('tokens_per_sec') is not None]
+  summary = {
+      'final_val_loss': run.evals[-1]['eval_loss'] if run.evals else None,
+      'best_val_loss': best['eval_loss'] if best else None,
+      'best_val_step': best['step'] if best else None,
+      'final_bleu': bleus[-1] if bleus else None,
+      'best_bleu': max(bleus) if bleus else None,
+      'final_train_loss': run.train[-1]['train_loss'] if run.train else None,
+      # The median leaves out the first window, which includes compilation.
+      'median_tokens_per_sec': statistics.median(speeds) if speeds else None,
+  }
+  for split, report in run.eval_files.items():
+    summary[f'{split}_bleu'] = report.get('bleu')
+    summary[f'{split}_tokenized_bleu'] = report.get('tokenized_bleu')
+  return summary
+
+
+def _splits(runs: list[RunRecords]) -> list[str]:
+  return sorted({split for run in runs for split in run.eval_files})
+
+
+def table(runs: list[RunRecords], fields: list[str]) -> tuple[list[str], list[list[str]], list[dict]]:
+  """Markdown header, Markdown rows (text) and CSV rows (raw values) of every run."""
+  labels = sweeps.field_labels(fields)
+  columns = list(_COLUMNS)
+  for split in _splits(runs):
+    columns += [(f'{split}_bleu', f'{split} BLEU', '.2f'),
+                (f'{split}_tokenized_bleu', f'{split} tok. BLEU', '.2f')]
+  header = ['run', *(labels[field] for field in fields), 'state', *(title for _, title, _ in columns)]
+  text_rows, csv_rows = [], []
+  for run in runs:
+    summary = summarise(run)
+    numbers = [summary.get(key) for key, _, _ in columns]
+    text_rows.append([run.name, *(MISSING if run.values[field] is None else str(run.values[field])
+                                  for field in fields), state_text(run.status),
+                      *(MISSING if value is None else format(value, spec)
+                        for value, (_, _, spec) in zip(numbers, columns))])
+    csv_rows.append({'run': run.name, **{labels[field]: run.values[field] for field in fields},
+                     'state': run.status['state'] if run.status else 'not started',
+                     'state_step': run.status.get('step') if run.status else None,
+                     **{key: value for value, (key, _, _) in zip(numbers, columns)}})
+  return header, text_rows, csv_rows
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+  lines = [header, ['---'] * len(header), *rows]
+  return '\n'.join('| ' + ' | '.join(cells) + ' |' for cells in lines) + '\n'
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+  """One row per run; missing values are empty cells."""
+  with open(path, 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows({key: '' if value is None else value for key, value in row.items()} for row in rows)

@@ -1,0 +1,256 @@
+"""Expands a config file's sweep into named train.py runs and decides which runs still need training.
+
+A sweep config is an ordinary config file (`get_config(preset)`, usable by train.py on its own)
+that also defines `sweep(preset)`, returning or yielding override dicts with dotted keys:
+
+  def sweep(preset='warmup'):
+    for warmup in (0, 500, 4000):
+      yield {'model.norm_position': 'post', 'optim.warmup_steps': warmup}
+
+Each dict becomes one run: its train.py arguments are the config file with its preset plus one
+`--config.KEY=VALUE` per override, and its name, made from the overrides
+('norm_position=post,warmup=0'), is its folder under the sweep's workdir. Every run's config
+is parsed here by the same ml_collections flag machinery train.py uses, and validated, so a
+misspelled key or a value of the wrong type fails before anything trains.
+
+WORKDIR/sweep.json records the config, the extra arguments and every run's overrides; the report
+reads the swept fields from it.
+"""
+
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+from typing import Any
+
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+
+SWEEP_FILE = 'sweep.json'
+# An argument applied to every run: --config.KEY=VALUE.
+_EXTRA_ARG = re.compile(r'--config\.([A-Za-z0-9_.]+)=(.*)', re.DOTALL)
+# Labels of long field names in run names and report columns.
+_ABBREVIATIONS = {'learning_rate': 'lr', 'warmup_steps': 'warmup', 'num_encoder_layers': 'enc_layers',
+                  'num_decoder_layers': 'dec_layers'}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One point of a sweep."""
+  # Folder name under the sweep's workdir, derived from `overrides`.
+  name: str
+  # Dotted config key -> value, as sweep() gave them.
+  overrides: dict[str, Any]
+  # train.py's arguments, --workdir included.
+  args: tuple[str, ...]
+  # The config train.py will build from `args`.
+  config: ml_collections.ConfigDict
+
+
+def one_line(error: BaseException) -> str:
+  return ' '.join(str(error).replace('\\n', ' ').split())
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+  """'configs/sweeps/xiong2020.py:depth' -> ('configs/sweeps/xiong2020.py', 'depth')."""
+  path, _, preset = spec.partition(':')
+  return path, preset or None
+
+
+def load_overrides(spec: str) -> list[dict[str, Any]]:
+  """The override dicts of the sweep() of config file[:preset] `spec`, in its order."""
+  path, preset = split_spec(spec)
+  if not os.path.isfile(path):
+    raise ValueError(f'{path}: no such config file')
+  module_spec = importlib.util.spec_from_file_location('sweep_config', path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not callable(getattr(module, 'sweep', None)):
+    raise ValueError(f'{path} defines no sweep(preset): it describes one run; pass it to train.py')
+  overrides = list(module.sweep() if preset is None else module.sweep(preset))
+  if not overrides:
+    raise ValueError(f'{spec}: sweep() gives no runs')
+  for item in overrides:
+    if not isinstance(item, dict) or not item:
+      raise ValueError(f'{spec}: sweep() gave {item!r}, not a non-empty dict of overrides')
+  return overrides
+
+
+def swept_fields(all_overrides: list[dict[str, Any]]) -> list[str]:
+  """Every key any run overrides, in order of first appearance."""
+  return list(dict.fromkeys(key for overrides in all_overrides for key in overrides))
+
+
+def field_labels(keys: list[str]) -> dict[str, str]:
+  """Short labels for run names and report columns.
+
+  A key's last component, abbreviated for a few long, often swept fields; the whole key where two
+  keys would share a label.
+  """
+  short = [key.rsplit('.', 1)[-1] for key in keys]
+  short = [_ABBREVIATIONS.get(label, label) for label in short]
+  return {key: label if short.count(label) == 1 else key for key, label in zip(keys, short)}
+
+
+def _name_value(value: Any) -> str:
+  if isinstance(value, float):
+    text = f'{value:g}'
+  elif isinstance(value, (tuple, list)):
+    text = '-'.join(map(_name_value, value))
+  else:
+    text = str(value)
+  # Filesystem- and shell-safe: no slashes, spaces or quotes in folder names.
+  return re.sub(r'[^A-Za-z0-9._+-]', '_', text)
+
+
+def run_name(overrides: dict[str, Any], labels: dict[str, str]) -> str:
+  """'norm_position=post,warmup=0,lr=0.0005': readable, deterministic, a folder name."""
+  return ','.join(f'{labels[key]}={_name_value(value)}' for key, value in overrides.items())
+
+
+def flag_value(value: Any) -> str:
+  """VALUE of --config.KEY=VALUE, as config_flags parses it back ('post', '0.0005', 'True', '(1, 2)')."""
+  return value if isinstance(value, str) else repr(value)
+
+
+def parse_config(args: list[str] | tuple[str, ...]) -> ml_collections.ConfigDict:
+  """The validated config train.py builds from `args` (its --workdir is ignored here)."""
+  # Imported here, not at the top: it loads JAX, which scripts/report.py has no use for.
+  from training import validation  # pylint: disable=g-import-not-at-top
+  argv = ['train.py', *(arg for arg in args if not arg.startswith('--workdir='))]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', None, 'Config file[:preset].', flag_values=flag_values,
+                                  lock_config=True, sys_argv=argv)
+  try:
+    flag_values(argv)
+    config = flag_values.config
+    validation.check_config(config)
+  except Exception as error:  # config_flags raises AttributeError, flags.Error, ...; ValueError
+    raise ValueError(one_line(error)) from None
+  return config
+
+
+def _lookup(config: ml_collections.ConfigDict, key: str) -> Any:
+  """config['a.b.c'], or KeyError naming the key."""
+  node = config
+  for part in key.split('.'):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      raise KeyError(key)
+    node = node[part]
+  return node
+
+
+def _extra_keys(extra_args: list[str], spec: str, fields: list[str]) -> list[str]:
+  """The config keys of '--config.KEY=VALUE' arguments for every run; none may be a swept field."""
+  keys = []
+  for arg in extra_args:
+    match = _EXTRA_ARG.fullmatch(arg)
+    if not match:
+      raise ValueError(f'{arg!r} is not an override of every run: --config.KEY=VALUE')
+    if match[1] in fields:
+      raise ValueError(f'{arg!r}: {spec} sweeps {match[1]}, so it cannot be set for every run')
+    keys.append(match[1])
+  return keys
+
+
+def expand(spec: str, workdir: str, extra_args: list[str] = ()) -> list[Run]:
+  """The runs of `spec`'s sweep under `workdir`, each config parsed and validated.
+
+  Args:
+    spec: 'config_file.py[:preset]'.
+    workdir: Folder holding one subfolder per run.
+    extra_args: '--config.KEY=VALUE' arguments given to every run (e.g. a longer num_steps).
+
+  Raises:
+    ValueError: with a one-line message: no such file, no sweep(), unknown preset, a key that is
+      not a config field, a value train.py would parse differently, a bad config, or two runs
+      with the same name.
+  """
+  all_overrides = load_overrides(spec)
+  fields = swept_fields(all_overrides)
+  extra_keys = _extra_keys(list(extra_args), spec, fields)
+  base = parse_config([f'--config={spec}'])
+  for key in [*fields, *extra_keys]:
+    try:
+      _lookup(base, key)
+    except KeyError:
+      raise ValueError(f'{spec}: {key} is not a config field') from None
+  labels = field_labels(fields)
+  runs = []
+  for overrides in all_overrides:
+    name = run_name(overrides, labels)
+    if any(run.name == name for run in runs):
+      raise ValueError(f'{spec}: two runs are named {name!r}; their overrides must differ')
+    args = (f'--config={spec}', f'--workdir={os.path.join(workdir, name)}',
+            *(f'--config.{key}={flag_value(value)}' for key, value in overrides.items()),
+            *extra_args)
+    try:
+      config = parse_config(args)
+    except ValueError as error:
+      raise ValueError(f'{spec} run {name}: {error}') from None
+    for key, value in overrides.items():
+      parsed = _lookup(config, key)
+      if parsed != (tuple(value) if isinstance(value, list) else value):
+        raise ValueError(f'{spec} run {name}: {key}={value!r} reads back as {parsed!r} from the '
+                         'command line; use a value of the field\'s type')
+    runs.append(Run(name, dict(overrides), args, config))
+  return runs
+
+
+def read_status(run_dir: str) -> dict | None:
+  """RUN_DIR/status.json as train.py wrote it, or None before the run started."""
+  path = os.path.join(run_dir, 'status.json')
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def plan(run_dir: str, config: ml_collections.ConfigDict, *, rerun_diverged: bool) -> str:
+  """What the sweep does with a run: 'start', 'resume' (train.py continues from its checkpoint) or 'skip'.
+
+  Finished runs are skipped unless num_steps has since grown past their last step; diverged runs
+  are skipped unless asked, since resuming replays the same steps from the last good checkpoint.
+  A 'running' or 'failed' run is resumed: it was stopped (killed, interrupted, crashed).
+  """
+  status = read_status(run_dir)
+  if status is None:
+    return 'resume' if os.path.isdir(os.path.join(run_dir, 'checkpoints')) else 'start'
+  if status['state'] == 'finished':
+    # With num_epochs set the step count depends on the data: trust 'finished'.
+    longer = not config.train.num_epochs and status.get('step', 0) < config.train.num_steps
+    return 'resume' if longer else 'skip'
+  if status['state'] == 'diverged' and not rerun_diverged:
+    return 'skip'
+  return 'resume'
+
+
+def _normalised(spec: str) -> tuple[str, str | None]:
+  path, preset = split_spec(spec)
+  return os.path.normpath(path), preset
+
+
+def write_sweep_json(workdir: str, spec: str, extra_args: list[str], runs: list[Run]) -> None:
+  """Records the sweep in WORKDIR/sweep.json; a workdir holds one sweep config and preset."""
+  previous = read_sweep_json(workdir)
+  if previous and _normalised(previous['config']) != _normalised(spec):
+    raise ValueError(f'{workdir} holds the sweep of {previous["config"]}, not {spec}; '
+                     'give each sweep its own --workdir')
+  record = {'config': spec, 'extra_args': list(extra_args),
+            'fields': swept_fields([run.overrides for run in runs]),
+            'runs': [{'name': run.name, 'overrides': run.overrides} for run in runs]}
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, SWEEP_FILE)
+  with open(path + '.tmp', 'w') as f:
+    json.dump(record, f, indent=2)
+  os.replace(path + '.tmp', path)
+
+
+def read_sweep_json(workdir: str) -> dict | None:
+  path = os.path.join(workdir, SWEEP_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)

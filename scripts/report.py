@@ -1,0 +1,44 @@
+"""Compares the runs of a sweep: a Markdown table, a CSV and learning-curve plots.
+
+  python scripts/report.py runs/xiong_warmup
+  python scripts/report.py runs/xiong_warmup --out_dir=reports/warmup --colour_by=optimizer --panel_by=lr
+
+Reads every run's status.json, metrics.jsonl, config.json and eval/<split>.json (from eval.py) in
+the sweep folder and writes report.md, report.csv, train_loss.png, val_loss.png and val_bleu.png.
+A row per run: its swept fields, its state (finished, diverged@STEP, failed@STEP, running@STEP,
+not started), final and best validation loss (with the step), final and best greedy BLEU, final
+training loss, median tokens/s and the BLEU of every eval.py split. The runs and swept fields
+come from the folder's sweep.json; without one (runs launched from --dry_run commands), from the
+config.json fields that differ between the subfolders. Works on a sweep still running.
+"""
+
+from pathlib import Path
+import sys
+
+from absl import app, flags
+
+# Run as a script from anywhere: the repository root holds experiments/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from experiments import report  # pylint: disable=g-import-not-at-top
+
+OUT_DIR = flags.DEFINE_string('out_dir', None, 'Where the report goes (default: the sweep folder).')
+COLOUR_BY = flags.DEFINE_string('colour_by', None, 'Swept field that colours the curves (default: the first).')
+PANEL_BY = flags.DEFINE_string('panel_by', None, 'Swept field with a panel per value (default: the second).')
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) != 2:
+    raise SystemExit('usage: report.py SWEEP_DIR [--out_dir=DIR] [--colour_by=FIELD] [--panel_by=FIELD]')
+  sweep_dir = argv[1]
+  try:
+    paths = report.write_report(sweep_dir, OUT_DIR.value or sweep_dir, COLOUR_BY.value, PANEL_BY.value)
+  except ValueError as error:
+    raise SystemExit(f'report.py: {error}') from None
+  with open(paths[0]) as f:
+    print(f.read())
+  print('wrote ' + ', '.join(paths))
+
+
+if __name__ == '__main__':
+  app.run(main)

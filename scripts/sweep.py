@@ -1,0 +1,110 @@
+"""Runs the sweep a config file defines: every run locally, one after another, or their commands.
+
+  python scripts/sweep.py configs/sweeps/xiong2020.py:warmup --workdir=runs/xiong_warmup
+  python scripts/sweep.py configs/sweeps/xiong2020.py:depth --workdir=runs/xiong_depth --dry_run
+  python scripts/sweep.py configs/sweeps/xiong2020.py:norm --workdir=runs/xiong_norm --only=rms \
+      --config.train.num_steps=2000
+
+Each run trains in its own train.py process, so JAX state never leaks between runs and a run that
+diverges (exit status 1) does not stop the sweep; its output goes to WORKDIR/RUN/train.log.
+Re-running the command skips finished runs, resumes stopped or failed ones from their checkpoints
+and leaves diverged ones alone (--rerun_diverged resumes them too). --dry_run prints one shell
+command per run, for a cluster or TPU-pod launcher, and writes nothing. Arguments
+--config.KEY=VALUE are given to every run. Exit status 1 when a run failed; diverging is a result.
+"""
+
+import collections
+import os
+from pathlib import Path
+import shlex
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+# Run as a script from anywhere: the repository root holds configs/, experiments/ and train.py.
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from experiments import sweeps  # pylint: disable=g-import-not-at-top
+
+WORKDIR = flags.DEFINE_string('workdir', None, 'Folder of the sweep: one subfolder per run.',
+                              required=True)
+DRY_RUN = flags.DEFINE_bool('dry_run', False, "Print every run's train.py command; run nothing.")
+ONLY = flags.DEFINE_multi_string('only', [], 'Only the runs whose name contains this text '
+                                 '(repeatable: any of them).')
+RERUN_DIVERGED = flags.DEFINE_bool('rerun_diverged', False, 'Resume diverged runs as well, after '
+                                   'changing what made them diverge.')
+
+TRAIN = REPO / 'train.py'
+USAGE = 'usage: sweep.py CONFIG_FILE[:PRESET] --workdir=DIR [--dry_run] [--only=TEXT] [--config.KEY=VALUE ...]'
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flags, then [program, CONFIG, --config.KEY=VALUE...]; any error as one line."""
+  extra_args = [arg for arg in argv[1:] if arg.startswith('--config.')]
+  try:
+    positional = flags.FLAGS([arg for arg in argv if not arg.startswith('--config.')])[1:]
+  except flags.Error as error:
+    raise SystemExit(f'sweep.py: {sweeps.one_line(error)}\n{USAGE}') from None
+  if len(positional) != 1:
+    raise SystemExit(f'sweep.py: give one sweep config, e.g. configs/sweeps/xiong2020.py:warmup\n{USAGE}')
+  return [argv[0], positional[0], *extra_args]
+
+
+def execute(run: sweeps.Run, run_dir: str, label: str) -> str:
+  """Trains (or skips) one run in a train.py subprocess; returns its state afterwards."""
+  action = sweeps.plan(run_dir, run.config, rerun_diverged=RERUN_DIVERGED.value)
+  if action == 'skip':
+    status = sweeps.read_status(run_dir)
+    print(f'{label}: {status["state"]} at step {status.get("step")}, skipped', flush=True)
+    return status['state']
+  os.makedirs(run_dir, exist_ok=True)
+  log_path = os.path.join(run_dir, 'train.log')
+  print(f'{label}: {action}, log in {log_path}', flush=True)
+  command = [sys.executable, str(TRAIN), *run.args]
+  start = time.perf_counter()
+  with open(log_path, 'a') as log:
+    log.write(f'# scripts/sweep.py ({action}): {shlex.join(command)}\n')
+    log.flush()
+    code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+  status = sweeps.read_status(run_dir) or {}
+  state = status.get('state', 'failed')
+  # Killed, or stopped before train.py wrote a status: the run failed whatever the file says.
+  if state == 'running' or (code and state == 'finished'):
+    state = 'failed'
+  at_step = f' at step {status["step"]}' if 'step' in status else ''
+  note = f' (exit status {code}; see the log)' if state == 'failed' else ''
+  print(f'{label}: {state}{at_step} after {(time.perf_counter() - start) / 60:.1f} min{note}', flush=True)
+  return state
+
+
+def main(argv: list[str]) -> None:
+  spec, extra_args = argv[1], argv[2:]
+  workdir = WORKDIR.value
+  try:
+    runs = sweeps.expand(spec, workdir, extra_args)
+    selected = [run for run in runs if not ONLY.value or any(text in run.name for text in ONLY.value)]
+    if not selected:
+      raise ValueError(f'--only={",".join(ONLY.value)} matches none of the {len(runs)} runs: '
+                       f'{", ".join(run.name for run in runs)}')
+    if not DRY_RUN.value:
+      sweeps.write_sweep_json(workdir, spec, extra_args, runs)
+  except ValueError as error:
+    raise SystemExit(f'sweep.py: {error}') from None
+  if DRY_RUN.value:
+    for run in selected:
+      print(shlex.join(['python', os.path.relpath(TRAIN), *run.args]))
+    return
+  states = collections.Counter(
+      execute(run, os.path.join(workdir, run.name), f'[{i}/{len(selected)}] {run.name}')
+      for i, run in enumerate(selected, 1))
+  print(f'sweep {workdir}: {len(selected)} runs: {states["finished"]} finished, '
+        f'{states["diverged"]} diverged, {states["failed"]} failed', flush=True)
+  if states['failed']:
+    sys.exit(1)
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,120 @@
+"""scripts/report.py on fabricated run folders: table, CSV, plots, a diverged run, resumed records."""
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments import plots, report, results, sweeps
+
+REPO = Path(__file__).resolve().parents[1]
+FIELDS = ['model.norm_position', 'optim.warmup_steps']
+
+
+def fabricate_run(sweep_dir, name, position, warmup, status=None, train=(), evals=(), eval_file=None):
+  """A run folder as train.py (and eval.py) leave it: train records (step, loss), evals (step, loss, bleu)."""
+  run_dir = sweep_dir / name
+  run_dir.mkdir(parents=True)
+  config = {'model': {'norm_position': position, 'd_model': 32},
+            'optim': {'warmup_steps': warmup}, 'data': {'vocab_size': 1000}}
+  (run_dir / 'config.json').write_text(json.dumps(config))
+  lines = [{'step': step, 'train_loss': loss, 'tokens_per_sec': speed} for step, loss, speed in train]
+  lines += [{'step': step, 'eval_loss': loss, 'bleu': bleu} for step, loss, bleu in evals]
+  (run_dir / 'metrics.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in lines))
+  if status:
+    (run_dir / 'status.json').write_text(json.dumps(dict(zip(('state', 'step'), status))))
+  if eval_file:
+    (run_dir / 'eval').mkdir()
+    (run_dir / 'eval' / 'test_2016.json').write_text(json.dumps(eval_file))
+
+
+@pytest.fixture
+def sweep_dir(tmp_path):
+  """Four runs of a 2 x 2 sweep: diverged at step 30, finished (with an eval.py score), finished,
+  not started."""
+  sweep_dir = tmp_path / 'sweep'
+  fabricate_run(sweep_dir, 'norm_position=post,warmup=0', 'post', 0, ('diverged', 30),
+                train=[(10, 6.5, 100.0), (20, 40.0, 300.0)])
+  fabricate_run(sweep_dir, 'norm_position=post,warmup=500', 'post', 500, ('finished', 40),
+                train=[(10, 6.0, 100.0), (20, 5.0, 400.0), (30, 4.5, 500.0), (40, 4.0, 600.0)],
+                evals=[(20, 5.1, 3.0), (40, 4.4, 8.0)], eval_file={'bleu': 12.3, 'tokenized_bleu': 14.0})
+  fabricate_run(sweep_dir, 'norm_position=pre,warmup=0', 'pre', 0, ('finished', 40),
+                train=[(20, 4.5, 200.0), (40, 3.5, 200.0)], evals=[(20, 4.5, 6.0), (40, 4.6, 9.5)])
+  overrides = [{'model.norm_position': position, 'optim.warmup_steps': warmup}
+               for position in ('post', 'pre') for warmup in (0, 500)]
+  names = [f'norm_position={o["model.norm_position"]},warmup={o["optim.warmup_steps"]}' for o in overrides]
+  (sweep_dir / sweeps.SWEEP_FILE).write_text(json.dumps({
+      'config': 'configs/sweeps/x.py', 'extra_args': [], 'fields': FIELDS,
+      'runs': [{'name': name, 'overrides': o} for name, o in zip(names, overrides)]}))
+  return sweep_dir
+
+
+def test_report_tables_every_run_with_its_state_and_scores(sweep_dir, tmp_path):
+  out_dir = tmp_path / 'out'
+  paths = report.write_report(str(sweep_dir), str(out_dir))
+  assert sorted(Path(path).name for path in paths) == [
+      'report.csv', 'report.md', 'train_loss.png', 'val_bleu.png', 'val_loss.png']
+  for image in ('train_loss.png', 'val_loss.png', 'val_bleu.png'):
+    assert (out_dir / image).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+  markdown = (out_dir / 'report.md').read_text()
+  assert '4 runs, the sweep of `configs/sweeps/x.py`: 1 diverged, 2 finished, 1 not started.' in markdown
+  rows = [line.strip('| ').split(' | ') for line in markdown.splitlines() if line.startswith('| ')]
+  assert rows[0] == ['run', 'norm_position', 'warmup', 'state', 'final val loss', 'best val loss', 'at step',
+                     'final BLEU', 'best BLEU', 'final train loss', 'tokens/s', 'test_2016 BLEU',
+                     'test_2016 tok. BLEU']
+  assert rows[2] == ['norm_position=post,warmup=0', 'post', '0', 'diverged@30', '–', '–', '–', '–', '–',
+                     '40.000', '200', '–', '–']
+  assert rows[3] == ['norm_position=post,warmup=500', 'post', '500', 'finished', '4.400', '4.400', '40',
+                     '8.00', '8.00', '4.000', '450', '12.30', '14.00']
+  assert rows[4][3:8] == ['finished', '4.600', '4.500', '20', '9.50']  # best before final
+  # Not started: the swept values still come from sweep.json.
+  assert rows[5] == ['norm_position=pre,warmup=500', 'pre', '500', 'not started'] + ['–'] * 9
+  assert '![train_loss](train_loss.png)' in markdown
+
+  with open(out_dir / 'report.csv') as f:
+    table = list(csv.DictReader(f))
+  assert [row['state'] for row in table] == ['diverged', 'finished', 'finished', 'not started']
+  assert table[0]['state_step'] == '30' and table[0]['final_val_loss'] == ''
+  assert float(table[1]['best_val_loss']) == 4.4 and float(table[1]['test_2016_tokenized_bleu']) == 14.0
+  assert table[3]['warmup'] == '500' and table[3]['median_tokens_per_sec'] == ''
+
+
+def test_metrics_of_a_resumed_run_keep_its_final_history(tmp_path):
+  # Killed after logging step 30, resumed from the step-20 checkpoint, which re-logged 30 and went on.
+  records = [{'step': 10, 'train_loss': 6.0}, {'step': 20, 'train_loss': 5.0}, {'step': 20, 'eval_loss': 5.5},
+             {'step': 30, 'train_loss': 4.9}, {'step': 30, 'train_loss': 4.5}, {'step': 40, 'train_loss': 4.0}]
+  text = ''.join(json.dumps(r) + '\n' for r in records) + '{"step": 50, "train_lo'  # cut by a crash
+  (tmp_path / 'metrics.jsonl').write_text(text)
+  train, evals = results.read_metrics(str(tmp_path))
+  assert [(r['step'], r['train_loss']) for r in train] == [(10, 6.0), (20, 5.0), (30, 4.5), (40, 4.0)]
+  assert evals == [{'step': 20, 'eval_loss': 5.5}]
+
+
+def test_without_sweep_json_the_swept_fields_are_the_config_fields_that_differ(sweep_dir):
+  (sweep_dir / sweeps.SWEEP_FILE).unlink()
+  runs, fields = results.load_runs(str(sweep_dir))
+  assert fields == FIELDS
+  assert [run.name for run in runs] == ['norm_position=post,warmup=0', 'norm_position=post,warmup=500',
+                                        'norm_position=pre,warmup=0']
+  assert runs[2].values == {'model.norm_position': 'pre', 'optim.warmup_steps': 0}
+
+
+def test_curves_are_coloured_by_the_first_field_and_panelled_by_the_second():
+  fields = ['model.norm_position', 'optim.warmup_steps', 'optim.learning_rate']
+  assert plots.grouping(fields) == ('model.norm_position', 'optim.warmup_steps', ['optim.learning_rate'])
+  assert plots.grouping(fields, colour_by='lr', panel_by='model.norm_position') == (
+      'optim.learning_rate', 'model.norm_position', ['optim.warmup_steps'])
+  assert plots.grouping([]) == (None, None, [])
+  with pytest.raises(ValueError, match='--panel_by=depth is not a swept field; they are: norm_position, warmup'):
+    plots.grouping(fields, panel_by='depth')
+
+
+def test_report_command_line_errors_are_one_line(tmp_path):
+  result = subprocess.run([sys.executable, 'scripts/report.py', str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0
+  assert result.stderr.strip() == f'report.py: {tmp_path} holds no sweep.json and no run folder ' \
+                                  '(config.json, status.json or metrics.jsonl)'
