@@ -35,9 +35,8 @@ from model.transformer import Transformer
 from training import averaging, partitioning, validation
 from training.checkpointing import Checkpointer
 
-# train.py (imported for its model and state builders) defines --workdir, and --config, which
-# eval.py refuses: the config is the one saved in the workdir.
-WORKDIR = train.WORKDIR
+# No --config flag: the config is the one the run saved in WORKDIR/config.json.
+WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory of train.py.', required=True)
 SPLIT = flags.DEFINE_string('split', None, 'Split to translate, e.g. test_2016.', required=True)
 CHECKPOINT = flags.DEFINE_string('checkpoint', 'last', "'last', 'best', a saved step, or 'avg:N'.")
 BEAM_SIZE = flags.DEFINE_integer('beam_size', None, 'Beam width, 1 for greedy search '
@@ -289,8 +288,6 @@ def main(argv):
   flag_settings = {'beam_size': BEAM_SIZE.value, 'length_penalty': LENGTH_PENALTY.value,
                    'length_penalty_form': LENGTH_PENALTY_FORM.value,
                    'max_length_a': MAX_LENGTH_A.value, 'max_length_b': MAX_LENGTH_B.value}
-  if flags.FLAGS['config'].present:
-    raise SystemExit('eval.py: --config is not used: the config is WORKDIR/config.json')
   mesh = partitioning.make_mesh()
   try:
     run = restore(workdir, split, checkpoint, mesh)

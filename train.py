@@ -34,15 +34,6 @@ from training.checkpointing import Checkpointer
 from training.evaluation import Evaluator
 from training.optimizer import make_optimizer
 
-WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (created or resumed).', required=True)
-config_flags.DEFINE_config_file('config', None, 'Config file[:preset].', lock_config=True)
-COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-process runs).')
-NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in a multi-process run.')
-PROCESS_ID = flags.DEFINE_integer('process_id', None, 'Index of this process.')
-MULTIPROCESS = flags.DEFINE_bool('multiprocess', False, 'Call jax.distributed.initialize (the three '
-                                 'flags above, or auto-detection on TPU pods and SLURM).')
-
-
 @flax.struct.dataclass
 class TrainState:
   step: jnp.ndarray
@@ -272,12 +263,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   return state
 
 
+def define_flags() -> None:
+  """train.py's command line; only when run as a program, so other scripts can import this module."""
+  flags.DEFINE_string('workdir', None, 'Run directory (created or resumed).', required=True)
+  config_flags.DEFINE_config_file('config', None, 'Config file[:preset].', lock_config=True)
+  flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-process runs).')
+  flags.DEFINE_integer('num_processes', None, 'Processes in a multi-process run.')
+  flags.DEFINE_integer('process_id', None, 'Index of this process.')
+  flags.DEFINE_bool('multiprocess', False, 'Call jax.distributed.initialize (the three flags above, '
+                    'or auto-detection on TPU pods and SLURM).')
+  flags.mark_flags_as_required(['config'])
+
+
 def main(argv):
   del argv
-  if MULTIPROCESS.value:
-    partitioning.initialize_distributed(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
+  args = flags.FLAGS
+  if args.multiprocess:
+    partitioning.initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
   try:
-    config = flags.FLAGS.config
+    config = args.config
     config.keys()  # config_flags loads the file and applies overrides lazily, on first use
   except Exception as error:  # IOError, AttributeError (unknown key), flags.Error, ...
     raise SystemExit(f'invalid command line: {one_line_error(error)}') from None
@@ -286,7 +290,7 @@ def main(argv):
   except ValueError as error:
     raise SystemExit(f'invalid config: {error}') from None
   try:
-    train_and_evaluate(config, WORKDIR.value)
+    train_and_evaluate(config, args.workdir)
   except run_log.DivergenceError as error:
     raise SystemExit(f'diverged: {error}') from None
 
@@ -304,5 +308,5 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == '__main__':
-  flags.mark_flags_as_required(['config'])
+  define_flags()
   app.run(main, flags_parser=parse_flags)
