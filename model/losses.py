@@ -24,7 +24,10 @@ def token_losses(logits, targets, label_smoothing: float = 0.0):
   """
   logits = logits.astype(jnp.float32)
   log_z = jax.nn.logsumexp(logits, axis=-1)  # [B, T]
-  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, T]
+  # A one-hot product rather than a gather: its gradient fuses into the softmax gradient's one
+  # elementwise pass over [B, T, V], where a gather's would be a scatter into a fresh copy.
+  is_target = jnp.arange(logits.shape[-1]) == targets[..., None]  # [B, T, V]
+  target_logit = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)  # [B, T]
   nll = log_z - target_logit
   if not label_smoothing:
     return nll, nll

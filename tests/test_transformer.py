@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from configs import base
-from model import losses
+from model import flops, losses, transformer
 from model.config import ModelConfig
 from model.transformer import Transformer
 
@@ -166,3 +166,50 @@ def test_label_smoothed_loss_equals_optax_one_hot_form(smoothing):
   sums = losses.weighted_sums(logits, targets, targets != 0, smoothing)
   assert float(sums['tokens']) == 4
   np.testing.assert_allclose(sums['loss'], float((loss * (targets != 0)).sum()), rtol=1e-6)
+
+
+@pytest.mark.parametrize('smoothing', [0.0, 0.1])
+def test_loss_gradient_equals_optax_one_hot_form(smoothing):
+  """The one-hot product in token_losses has the same gradient as optax's cross entropy."""
+  logits = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, 11)) * 3, jnp.float32)
+  targets = jnp.array([[1, 2, 3], [4, 5, 0]])
+  ours = jax.grad(lambda z: losses.token_losses(z, targets, smoothing)[0].sum())(logits)
+  labels = optax.smooth_labels(jax.nn.one_hot(targets, 11), smoothing)
+  reference = jax.grad(lambda z: optax.softmax_cross_entropy(z, labels).sum())(logits)
+  np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_tied_logits_gradient_equals_autodiff(dtype):
+  """The hand-written VJP of the tied output projection equals autodiff of x @ E^T."""
+  rng = np.random.default_rng(2)
+  x = jnp.asarray(rng.normal(size=(2, 5, 8)), dtype)  # [B, T, D]
+  embedding = jnp.asarray(rng.normal(size=(13, 8)), jnp.float32)  # [V, D]
+  probe = jnp.asarray(rng.normal(size=(2, 5, 13)), jnp.float32)  # a fixed cotangent [B, T, V]
+  reference_fn = lambda x, e: jnp.einsum('btd,vd->btv', x, e.astype(x.dtype),
+                                         preferred_element_type=jnp.float32)
+  ours = jax.grad(lambda x, e: (transformer.tied_logits(x, e) * probe).sum(), argnums=(0, 1))(x, embedding)
+  reference = jax.grad(lambda x, e: (reference_fn(x, e) * probe).sum(), argnums=(0, 1))(x, embedding)
+  np.testing.assert_allclose(transformer.tied_logits(x, embedding), reference_fn(x, embedding), rtol=1e-6)
+  tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
+  for got, want in zip(ours, reference):
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize('activation', ['relu', 'swiglu'])
+def test_analytic_forward_flops_match_xla_cost_analysis(activation):
+  """model/flops.py counts what XLA counts for the forward pass's matmuls, within the ~2% that
+  elementwise work (softmax, norms, activations) adds."""
+  cfg = tiny_config(d_model=64, num_heads=4, d_ff=128, activation=activation, dropout_rate=0.0)
+  model = Transformer(cfg)
+  variables = init(model)
+  batch, source_length, target_length = 8, 24, 20
+  source = jnp.ones((batch, source_length), jnp.int32)
+  target = jnp.ones((batch, target_length), jnp.int32)
+  compiled = jax.jit(lambda v, s, t: model.apply(v, s, t)).lower(variables, source, target).compile()
+  analysis = compiled.cost_analysis()
+  xla_flops = (analysis[0] if isinstance(analysis, list) else analysis)['flops']
+  analytic = flops.forward_flops(cfg, batch, source_length, target_length)
+  assert analytic <= xla_flops <= 1.05 * analytic, (analytic, xla_flops)
