@@ -1,11 +1,14 @@
 """Every shipped config validates and its model builds (shapes only), and presets are checked."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import pytest
 
 import train
 from configs import base, iwslt14, multi30k, smoke
+from configs.sweeps import xiong2020
 from training import validation
 from training.optimizer import make_optimizer
 
@@ -15,6 +18,8 @@ CONFIGS = {
     'multi30k:de_en': lambda: multi30k.get_config('de_en'),
     'multi30k:en_de': lambda: multi30k.get_config('en_de'),
     'iwslt14:de_en': lambda: iwslt14.get_config('de_en'),
+    **{f'sweeps/xiong2020:{preset}': functools.partial(xiong2020.get_config, preset)
+       for preset in xiong2020.PRESETS},
 }
 
 

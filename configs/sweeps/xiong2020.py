@@ -9,6 +9,10 @@ Presets (after the colon; train.py accepts them too and trains the preset's base
   depth     Post-LN vs Pre-LN x {3, 6, 12} encoder and decoder layers: 6 runs.
   norm      LayerNorm, RMSNorm, BatchNorm, ScaleNorm, all Pre-LN: 4 runs.
   position  sinusoidal, learned, rotary, no positions (Pre-LN): 4 runs.
+  warmup_cpu  the paper's central comparison sized for 2 CPU cores: Post-LN vs Pre-LN x warmup
+            {0, 100} at peak rate 1e-3, 6+6 layers, 200 steps of 2048-token batches (~10 min a
+            run): 4 runs. Enough to see whether a model gets going without warmup, not to
+            compare final quality.
 
 Sizing, the trade-off: configs/multi30k.py trains 1000 steps in about an hour on 2 CPU cores, too
 long for a grid on a CPU. Every run here stops at 500 steps (~3.3 epochs), with validation at 250
@@ -36,7 +40,7 @@ point. The SGD runs ask whether Post-LN's need for warmup is specific to Adam.
 
 from configs import multi30k
 
-PRESETS = ('warmup', 'depth', 'norm', 'position')
+PRESETS = ('warmup', 'depth', 'norm', 'position', 'warmup_cpu')
 
 
 def _check(preset: str) -> None:
@@ -51,8 +55,11 @@ def get_config(preset: str = 'warmup'):
   # Checkpoints at 250 and 500 only; keep one (plus the best) to spare disk over a grid.
   config.train.update(num_steps=500, log_every=25, eval_every=250, checkpoint_every=250,
                       keep_checkpoints=1)
-  if preset == 'warmup':
+  if preset in ('warmup', 'warmup_cpu'):
     config.model.update(num_encoder_layers=6, num_decoder_layers=6)
+  if preset == 'warmup_cpu':
+    config.data.max_tokens = 2048
+    config.train.update(num_steps=200, log_every=10, eval_every=100, checkpoint_every=100)
   return config
 
 
@@ -65,6 +72,12 @@ def _warmup():
   for warmup in (0, 500, 4000):
     yield {'model.norm_position': 'post', 'optim.warmup_steps': warmup, 'optim.learning_rate': 0.1,
            'optim.optimizer': 'sgd'}
+
+
+def _warmup_cpu():
+  for position in ('post', 'pre'):
+    for warmup in (0, 100):
+      yield {'model.norm_position': position, 'optim.warmup_steps': warmup}
 
 
 def _depth():
@@ -87,4 +100,5 @@ def _position():
 def sweep(preset: str = 'warmup'):
   """Override dicts of the preset's runs (scripts/sweep.py names and launches them)."""
   _check(preset)
-  return {'warmup': _warmup, 'depth': _depth, 'norm': _norm, 'position': _position}[preset]()
+  return {'warmup': _warmup, 'depth': _depth, 'norm': _norm, 'position': _position,
+          'warmup_cpu': _warmup_cpu}[preset]()
