@@ -186,6 +186,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   window_start = time.perf_counter()
   epoch = 0
   pending = None  # (step, device metrics) of the latest step, fetched once the next one is queued
+  compile_seconds: dict[tuple, float] = {}  # per padded batch shape [B, T, S], this invocation
 
   def settle():
     """Fetches the pending step's metrics (waiting for it) and stops the run if they are not finite."""
@@ -206,7 +207,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     while step < total_steps:
       local_batch = next(train_iter)
       epoch = int(local_batch.pop('epoch'))
+      shape = tuple(local_batch['decoder_input_tokens'].shape) + local_batch['encoder_input_tokens'].shape[1:]
+      dispatch_start = time.perf_counter()
       state, device_metrics = jit_train_step(state, partitioning.global_batch(local_batch, mesh))
+      if shape not in compile_seconds:
+        # A new padded shape: the call above traced and compiled before dispatching.
+        compile_seconds[shape] = time.perf_counter() - dispatch_start
+        logging.info('train step compiled for batch shape %s in %.1f s (%d shapes so far)', shape,
+                     compile_seconds[shape], len(compile_seconds))
+        window_start += compile_seconds[shape]  # compiling is not training throughput
       settle()  # the step before this one, while this one runs
       step += 1
       steps_this_run += 1
@@ -222,6 +231,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
             'grad_norm': float(window[-1]['grad_norm']),
             'learning_rate': float(schedule(step - 1)),
             'tokens_per_sec': float(sum(m['target_tokens'] for m in window)) / elapsed,
+            'compiled_shapes': len(compile_seconds),
+            'compile_seconds': float(sum(compile_seconds.values())),
         }
         writer.write(step, record)
         if progress:
