@@ -47,7 +47,7 @@ def test_each_preset_expands_to_unique_named_runs_whose_configs_carry_the_overri
     for key, value in run.overrides.items():
       section, field = key.split('.')
       assert run.config[section][field] == value
-    assert run.config.train.num_steps == (200 if preset == 'warmup_cpu' else 500)
+    assert run.config.train.num_steps == (100 if preset == 'warmup_cpu' else 500)
     make_optimizer(run.config.optim, steps_per_epoch=150, total_steps=run.config.train.num_steps)
   assert not os.path.exists(tmp_path / runs[0].name)  # expanding writes nothing
 

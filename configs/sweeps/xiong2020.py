@@ -9,10 +9,10 @@ Presets (after the colon; train.py accepts them too and trains the preset's base
   depth     Post-LN vs Pre-LN x {3, 6, 12} encoder and decoder layers: 6 runs.
   norm      LayerNorm, RMSNorm, BatchNorm, ScaleNorm, all Pre-LN: 4 runs.
   position  sinusoidal, learned, rotary, no positions (Pre-LN): 4 runs.
-  warmup_cpu  the paper's central comparison sized for 2 CPU cores: Post-LN vs Pre-LN x warmup
-            {0, 100} at peak rate 1e-3, 6+6 layers, 200 steps of 2048-token batches (~10 min a
-            run): 4 runs. Enough to see whether a model gets going without warmup, not to
-            compare final quality.
+  warmup_cpu  the paper's central comparison sized for a shared 2-core CPU: Post-LN vs Pre-LN x
+            warmup {0, 50} at peak rate 1e-3, 6+6 layers, 100 steps of 2048-token batches
+            (~7 min a run): 4 runs. Enough to see whether a model gets going without warmup,
+            not to compare final quality.
 
 Sizing, the trade-off: configs/multi30k.py trains 1000 steps in about an hour on 2 CPU cores, too
 long for a grid on a CPU. Every run here stops at 500 steps (~3.3 epochs), with validation at 250
@@ -59,7 +59,7 @@ def get_config(preset: str = 'warmup'):
     config.model.update(num_encoder_layers=6, num_decoder_layers=6)
   if preset == 'warmup_cpu':
     config.data.max_tokens = 2048
-    config.train.update(num_steps=200, log_every=10, eval_every=100, checkpoint_every=100)
+    config.train.update(num_steps=100, log_every=10, eval_every=100, checkpoint_every=100)
   return config
 
 
@@ -76,7 +76,7 @@ def _warmup():
 
 def _warmup_cpu():
   for position in ('post', 'pre'):
-    for warmup in (0, 100):
+    for warmup in (0, 50):
       yield {'model.norm_position': position, 'optim.warmup_steps': warmup}
 
 
