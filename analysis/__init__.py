@@ -1,0 +1,1 @@
+"""Analyses of the model at initialisation: Lanczos spectra and what the analysis scripts share."""
