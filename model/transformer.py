@@ -40,7 +40,10 @@ def tied_logits(x, embedding):
 
 
 def _tied_logits_forward(x, embedding):
-  return tied_logits(x, embedding), (x, embedding)
+  # The product written out rather than a call of tied_logits: forward-mode differentiation of
+  # the gradient (Hessian-vector products, scripts/hessian.py) cannot pass a custom_vjp call.
+  logits = jnp.einsum('...D,VD->...V', x, embedding.astype(x.dtype), preferred_element_type=jnp.float32)
+  return logits, (x, embedding)
 
 
 def _tied_logits_backward(residuals, logits_grad):
