@@ -41,7 +41,6 @@ import sys
 
 from absl import app, flags, logging
 import jax
-import jax.numpy as jnp
 from matplotlib.figure import Figure
 import ml_collections
 import numpy as np
