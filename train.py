@@ -291,8 +291,17 @@ def main(argv):
   args = flags.FLAGS
   if args.multiprocess:
     partitioning.initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
+  config = checked_config_flag()
   try:
-    config = args.config
+    train_and_evaluate(config, args.workdir)
+  except run_log.DivergenceError as error:
+    raise SystemExit(f'diverged: {error}') from None
+
+
+def checked_config_flag() -> ml_collections.ConfigDict:
+  """--config loaded and validated, or SystemExit with one line (for every script taking --config)."""
+  try:
+    config = flags.FLAGS.config
     config.keys()  # config_flags loads the file and applies overrides lazily, on first use
   except Exception as error:  # IOError, AttributeError (unknown key), flags.Error, ...
     raise SystemExit(f'invalid command line: {one_line_error(error)}') from None
@@ -300,10 +309,7 @@ def main(argv):
     validation.check_config(config)
   except ValueError as error:
     raise SystemExit(f'invalid config: {error}') from None
-  try:
-    train_and_evaluate(config, args.workdir)
-  except run_log.DivergenceError as error:
-    raise SystemExit(f'diverged: {error}') from None
+  return config
 
 
 def one_line_error(error: Exception) -> str:

@@ -27,7 +27,6 @@ from data import tokenizer as tokenizer_lib
 from model import losses
 from model.transformer import Transformer
 import train
-from training import validation
 
 # What the model reads from a batch (pipeline.py's names).
 MODEL_INPUTS = ('encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',
@@ -45,15 +44,7 @@ def define_flags() -> None:
 
 def config_and_out() -> tuple[ml_collections.ConfigDict, Path]:
   """The parsed --config, checked as train.py checks it, and --out."""
-  try:
-    config = flags.FLAGS.config
-    config.keys()  # config_flags loads the file and applies overrides lazily, on first use
-  except Exception as error:  # IOError, AttributeError (unknown key), flags.Error, ...
-    raise SystemExit(f'invalid command line: {train.one_line_error(error)}') from None
-  try:
-    validation.check_config(config)
-  except ValueError as error:
-    raise SystemExit(f'invalid config: {error}') from None
+  config = train.checked_config_flag()
   out = Path(flags.FLAGS.out)
   if out.suffix != '.json':
     raise SystemExit(f'invalid command line: --out={out} must name a .json file')
