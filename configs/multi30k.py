@@ -20,13 +20,17 @@ def get_config(preset: str = 'de_en'):
   # The bentrevett/Wu et al. scale: 3+3 layers, d_model 256, 4 heads.
   config.model.update(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3,
                       num_decoder_layers=3)
-  # Small data overfits quickly: strong dropout as in fairseq's small-data recipes.
-  config.model.dropout_rate = 0.3
+  # Seven epochs are too few to overfit 29k captions: a run at 0.3 ended with validation NLL (2.02)
+  # below the training NLL (2.18), i.e. dropout was only slowing learning down.
+  config.model.dropout_rate = 0.1
+  # Pre-LN converges faster early (Xiong et al. 2020), which is what a one-hour budget needs.
   config.model.norm_position = 'pre'
-  config.optim.update(optimizer='adam', learning_rate=1e-3, b1=0.9, b2=0.98, schedule='inverse_sqrt',
-                      warmup_steps=500)
-  # 150 batches per epoch at 4096 padded tokens; measured ~814 real target tokens/s (~3.4 s/step) on
-  # 2 CPU cores, so 1000 steps (~6.7 epochs) take about an hour.
-  config.train.update(num_steps=1000, log_every=50, eval_every=500, checkpoint_every=250,
-                      keep_checkpoints=4, label_smoothing=0.1)
+  # A fixed budget is best spent decaying to zero: cosine ends at lr 0 on the last step, where
+  # inverse_sqrt would still be at 70% of the peak. Pre-LN tolerates the higher peak.
+  config.optim.update(optimizer='adam', learning_rate=1.5e-3, b1=0.9, b2=0.98, schedule='cosine',
+                      warmup_steps=400)
+  # 150 batches per epoch at 4096 padded tokens; ~3.4 s/step on 2 CPU cores, so 1000 steps
+  # (~6.7 epochs) take about an hour. Checkpoints every 100 steps feed eval.py --checkpoint=avg:N.
+  config.train.update(num_steps=1000, log_every=50, eval_every=500, checkpoint_every=100,
+                      keep_checkpoints=6, label_smoothing=0.1)
   return config
