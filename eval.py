@@ -8,8 +8,8 @@ saved step, or 'avg:N' (the mean of the N most recent checkpoints). Beam size an
 default to config.eval, the batch size to config.data.eval_batch_size.
 
 Writes WORKDIR/eval/<split>.hyp.txt (detokenised, one line per source line, in source order) and
-WORKDIR/eval/<split>.json with the sacrebleu scores: `bleu` (detokenised, cased, with signature),
-`chrf`, `tokenized_bleu` (what papers report: hypotheses normalised, Moses-tokenised and lowercased
+WORKDIR/eval/<split>.json (--out_dir picks another folder) with the sacrebleu scores: `bleu`
+(detokenised, cased, with signature), `chrf`, `tokenized_bleu` (what papers report: hypotheses normalised, Moses-tokenised and lowercased
 as the references were, scored with tokenize='none' against the dataset's tokenized references)
 and `buckets` (count and BLEU per source length in words, for length extrapolation).
 """
@@ -51,6 +51,8 @@ MAX_LENGTH_A = flags.DEFINE_integer('max_length_a', 10, 'Tokens generated at mos
                                     'length; this is a.', lower_bound=0)
 MAX_LENGTH_B = flags.DEFINE_float('max_length_b', 1.2, 'b of the length limit a + b * source length.',
                                   lower_bound=0.0)
+OUT_DIR = flags.DEFINE_string('out_dir', None, 'Folder of the hypotheses and JSON report '
+                              '(default: WORKDIR/eval); one per setting when comparing several.')
 
 # Upper ends of the source-length buckets in words; longer sources form the last bucket.
 BUCKET_ENDS = (10, 20, 30, 40)
@@ -303,7 +305,7 @@ def main(argv):
       **timing, 'devices': f'{jax.device_count()} x {jax.devices()[0].device_kind}',
   }
   report['wall_s'] = time.perf_counter() - start
-  out_dir = os.path.join(workdir, 'eval')
+  out_dir = OUT_DIR.value or os.path.join(workdir, 'eval')
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, f'{split}.hyp.txt'), 'w') as f:
     f.write(''.join(line + '\n' for line in hypotheses))
