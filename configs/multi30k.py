@@ -1,9 +1,13 @@
-"""Multi30k De->En (WMT16 multimodal task 1), sized to train well in about an hour on 2 CPU cores.
+"""Multi30k (WMT16 multimodal task 1) De<->En, sized to train in about an hour on 2 CPU cores.
 
   python train.py --config=configs/multi30k.py --workdir=runs/m30k           # De->En
   python train.py --config=configs/multi30k.py:en_de --workdir=runs/m30k_en  # En->De
+  python eval.py --workdir=runs/m30k --split=test_2016 --checkpoint=avg:3    # beam 5
 
-Presets (after the colon): 'de_en' (default) and 'en_de'.
+Presets (after the colon): 'de_en' (default) and 'en_de', the same recipe in both directions.
+Measured on the project's 2-core VM (docs/results.md, section 6): 74 minutes for 1000 steps;
+De->En test_2016 tokenized BLEU as in the table there. Beam 5 with length penalty 1.0 and the
+average of the last three checkpoints (800-1000) were chosen on the validation split.
 """
 
 from configs import base
@@ -33,4 +37,7 @@ def get_config(preset: str = 'de_en'):
   # (~6.7 epochs) take about an hour. Checkpoints every 100 steps feed eval.py --checkpoint=avg:N.
   config.train.update(num_steps=1000, log_every=50, eval_every=500, checkpoint_every=100,
                       keep_checkpoints=6, label_smoothing=0.1)
+  # Chosen on De->En validation: beam 5 adds 1.4 tokenized BLEU over greedy; length penalty 0.6
+  # instead of 1.0 loses 0.6.
+  config.eval.update(beam_size=5, length_penalty=1.0)
   return config
