@@ -11,7 +11,8 @@ Writes WORKDIR/eval/<split>.hyp.txt (detokenised, one line per source line, in s
 WORKDIR/eval/<split>.json (--out_dir picks another folder) with the sacrebleu scores: `bleu`
 (detokenised, cased, with signature), `chrf`, `tokenized_bleu` (what papers report: hypotheses
 normalised, Moses-tokenised and lowercased as the references were, scored with tokenize='none'
-against the dataset's tokenized references) and `buckets` (count and BLEU per source length in words, for length extrapolation).
+against the dataset's tokenized references) and `buckets` (count and BLEU per source length in
+words, for length extrapolation).
 """
 
 import json
