@@ -36,7 +36,7 @@ def write_sweep(tmp_path, body, name='sweep_config.py'):
 
 
 @pytest.mark.parametrize('preset,count', [('warmup', 15), ('depth', 6), ('norm', 4), ('position', 4),
-                                          ('warmup_cpu', 4)])
+                                          ('warmup_cpu', 4), ('norm_cpu', 4), ('position_cpu', 4)])
 def test_each_preset_expands_to_unique_named_runs_whose_configs_carry_the_overrides(preset, count, tmp_path):
   runs = sweeps.expand(f'{XIONG}:{preset}', str(tmp_path))
   assert len(runs) == count
@@ -47,7 +47,8 @@ def test_each_preset_expands_to_unique_named_runs_whose_configs_carry_the_overri
     for key, value in run.overrides.items():
       section, field = key.split('.')
       assert run.config[section][field] == value
-    assert run.config.train.num_steps == (100 if preset == 'warmup_cpu' else 500)
+    assert run.config.train.num_steps == {'warmup_cpu': 100, 'norm_cpu': 300,
+                                          'position_cpu': 300}.get(preset, 500)
     make_optimizer(run.config.optim, steps_per_epoch=150, total_steps=run.config.train.num_steps)
   assert not os.path.exists(tmp_path / runs[0].name)  # expanding writes nothing
 
@@ -162,7 +163,7 @@ def test_dry_run_prints_one_quoted_train_command_per_run_and_writes_nothing(tmp_
   result = run_sweep_cli(f'{XIONG}:bogus', f'--workdir={workdir}', '--dry_run')
   assert result.returncode != 0
   assert result.stderr.strip() == ("sweep.py: configs/sweeps/xiong2020.py preset 'bogus' is not one of: "
-                                   'warmup, depth, norm, position, warmup_cpu')
+                                   'warmup, depth, norm, position, warmup_cpu, norm_cpu, position_cpu')
 
 
 def test_a_failing_run_is_reported_and_the_sweep_goes_on_to_exit_status_1(tmp_path):

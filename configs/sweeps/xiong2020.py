@@ -13,6 +13,8 @@ Presets (after the colon; train.py accepts them too and trains the preset's base
             warmup {0, 50} at peak rate 1e-3, 6+6 layers, 100 steps of 2048-token batches
             (~7 min a run): 4 runs. Enough to see whether a model gets going without warmup,
             not to compare final quality.
+  norm_cpu, position_cpu  the norm and position comparisons sized the same way: 3+3 layers,
+            300 steps of 2048-token batches, warmup 100, dropout 0.1 (~12 min a run): 4 runs each.
 
 Sizing, the trade-off: configs/multi30k.py trains 1000 steps in about an hour on 2 CPU cores, too
 long for a grid on a CPU. Every run here stops at 500 steps (~3.3 epochs), with validation at 250
@@ -40,7 +42,7 @@ point. The SGD runs ask whether Post-LN's need for warmup is specific to Adam.
 
 from configs import multi30k
 
-PRESETS = ('warmup', 'depth', 'norm', 'position', 'warmup_cpu')
+PRESETS = ('warmup', 'depth', 'norm', 'position', 'warmup_cpu', 'norm_cpu', 'position_cpu')
 
 
 def _check(preset: str) -> None:
@@ -63,6 +65,12 @@ def get_config(preset: str = 'warmup'):
   if preset == 'warmup_cpu':
     config.data.max_tokens = 2048
     config.train.update(num_steps=100, log_every=10, eval_every=100, checkpoint_every=100)
+  if preset in ('norm_cpu', 'position_cpu'):
+    config.data.max_tokens = 2048
+    # 300 steps is ~1.5 epochs, far from overfitting: dropout 0.3 would only slow every run down.
+    config.model.dropout_rate = 0.1
+    config.optim.warmup_steps = 100
+    config.train.update(num_steps=300, log_every=10, eval_every=150, checkpoint_every=150)
   return config
 
 
@@ -104,4 +112,4 @@ def sweep(preset: str = 'warmup'):
   """Override dicts of the preset's runs (scripts/sweep.py names and launches them)."""
   _check(preset)
   return {'warmup': _warmup, 'depth': _depth, 'norm': _norm, 'position': _position,
-          'warmup_cpu': _warmup_cpu}[preset]()
+          'warmup_cpu': _warmup_cpu, 'norm_cpu': _norm, 'position_cpu': _position}[preset]()
