@@ -67,7 +67,8 @@ def get_config(preset: str = 'warmup'):
     config.train.update(num_steps=100, log_every=10, eval_every=100, checkpoint_every=100)
   if preset in ('norm_cpu', 'position_cpu'):
     config.data.max_tokens = 2048
-    # 300 steps of 2048 tokens is ~1 epoch, far from overfitting: dropout 0.3 would only slow every run down.
+    # 300 steps of 2048 tokens is ~1 epoch, far from overfitting: dropout 0.3 would only slow
+    # every run down.
     config.model.dropout_rate = 0.1
     config.optim.warmup_steps = 100
     config.train.update(num_steps=300, log_every=10, eval_every=150, checkpoint_every=150)
