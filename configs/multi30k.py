@@ -5,7 +5,7 @@
   python eval.py --workdir=runs/m30k --split=test_2016 --checkpoint=avg:3    # beam 5
 
 Presets (after the colon): 'de_en' (default) and 'en_de', the same recipe in both directions.
-Measured on the project's 2-core VM (docs/results.md, section 6): 74 minutes for 1000 steps;
+Measured on the project's 2-core VM (docs/results.md, section 7): 74 minutes for 1000 steps;
 De->En test_2016 tokenized BLEU 39.31 (sacreBLEU 39.11). Beam 5 with length penalty 1.0 and the
 average of the last three checkpoints (800-1000) were chosen on the validation split.
 """
