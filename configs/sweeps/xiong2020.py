@@ -17,8 +17,8 @@ Presets (after the colon; train.py accepts them too and trains the preset's base
             300 steps of 2048-token batches, warmup 100, dropout 0.1 (~12 min a run): 4 runs each.
 
 Sizing, the trade-off: configs/multi30k.py trains 1000 steps in about an hour on 2 CPU cores, too
-long for a grid on a CPU. Every run here stops at 500 steps (~3.3 epochs), with validation at 250
-and 500. That shows the early-training behaviour the paper is about: whether Post-LN without
+long for a grid on a CPU. The runs of the first four presets stop at 500 steps (~3.3 epochs),
+with validation at 250 and 500 (the *_cpu presets are shorter still). That shows the early-training behaviour the paper is about: whether Post-LN without
 warmup fails to get going, whether Pre-LN trains at once, which norm, depth or position scheme
 learns fastest. It does not give converged BLEU, and warmup 4000 never reaches its peak
 (the rate ends at 1/8 of it): it stands for the paper's long warmup at this run length. With an
