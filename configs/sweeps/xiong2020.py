@@ -17,12 +17,13 @@ Presets (after the colon; train.py accepts them too and trains the preset's base
             300 steps of 2048-token batches, warmup 100, dropout 0.1 (~12 min a run): 4 runs each.
 
 Sizing, the trade-off: configs/multi30k.py trains 1000 steps in about an hour on 2 CPU cores, too
-long for a grid on a CPU. The runs of the first four presets stop at 500 steps (~3.3 epochs),
-with validation at 250 and 500 (the *_cpu presets are shorter still). That shows the early-training behaviour the paper is about: whether Post-LN without
-warmup fails to get going, whether Pre-LN trains at once, which norm, depth or position scheme
-learns fastest. It does not give converged BLEU, and warmup 4000 never reaches its peak
-(the rate ends at 1/8 of it): it stands for the paper's long warmup at this run length. With an
-accelerator, train to convergence: --config.train.num_steps=8000 --config.train.eval_every=1000.
+long for a grid on a CPU. The runs of the first four presets stop at 500 steps (~3.3 epochs), with
+validation at 250 and 500 (the *_cpu presets are shorter still). That shows the early-training
+behaviour the paper is about: whether Post-LN without warmup fails to get going, whether Pre-LN
+trains at once, which norm, depth or position scheme learns fastest. It does not give converged
+BLEU, and warmup 4000 never reaches its peak (the rate ends at 1/8 of it): it stands for the paper's
+long warmup at this run length. With an accelerator, train to convergence:
+--config.train.num_steps=8000 --config.train.eval_every=1000.
 
 After warmup the rate stays at its peak ('constant'), so runs differ in warmup alone: this repo's
 inverse_sqrt decays from step max(warmup_steps, 1), which for warmup 0 would also divide the rate
