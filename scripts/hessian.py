@@ -20,9 +20,10 @@ of --seed.
   python scripts/hessian.py --config=configs/multi30k.py --out=runs/analyses/hessian.json
 
 Cost: --lanczos_iterations x --num_probes products per placement, each over all pairs and worth
-about three gradients. On 2 idle CPU cores a product over 250 pairs took 25 s, so the defaults
-(1000 pairs, 40 steps, 80 products) take about 2.2 hours; --num_pairs=250 --batch_size=125
---lanczos_iterations=20 took 17 minutes (docs/results.md, section 6).
+about three gradients. On 2 idle CPU cores a product took about 25 s over 250 pairs and 58-100 s
+over 1000, so the defaults (1000 pairs, 40 steps, 80 products) take 1.5-2.2 hours;
+--num_pairs=250 --batch_size=125 --lanczos_iterations=20 took 17 minutes (docs/results.md,
+section 6).
 
 The JSON holds `settings`, the resolved `config`, and for 'post' and 'pre':
   'loss'                 the training loss at initialisation;
