@@ -43,9 +43,6 @@ point. The SGD runs ask whether Post-LN's need for warmup is specific to Adam.
 
 from configs import multi30k
 
-PRESETS = ('warmup', 'depth', 'norm', 'position', 'warmup_cpu', 'norm_cpu', 'position_cpu')
-
-
 def _check(preset: str) -> None:
   if preset not in PRESETS:
     raise ValueError(f'configs/sweeps/xiong2020.py preset {preset!r} is not one of: {", ".join(PRESETS)}')
@@ -110,8 +107,13 @@ def _position():
     yield {'model.position': position}
 
 
+# Each preset's grid; the *_cpu presets shorten the runs, not the grid.
+_GRIDS = {'warmup': _warmup, 'depth': _depth, 'norm': _norm, 'position': _position,
+          'warmup_cpu': _warmup_cpu, 'norm_cpu': _norm, 'position_cpu': _position}
+PRESETS = tuple(_GRIDS)
+
+
 def sweep(preset: str = 'warmup'):
   """Override dicts of the preset's runs (scripts/sweep.py names and launches them)."""
   _check(preset)
-  return {'warmup': _warmup, 'depth': _depth, 'norm': _norm, 'position': _position,
-          'warmup_cpu': _warmup_cpu, 'norm_cpu': _norm, 'position_cpu': _position}[preset]()
+  return _GRIDS[preset]()
