@@ -43,6 +43,7 @@ point. The SGD runs ask whether Post-LN's need for warmup is specific to Adam.
 
 from configs import multi30k
 
+
 def _check(preset: str) -> None:
   if preset not in PRESETS:
     raise ValueError(f'configs/sweeps/xiong2020.py preset {preset!r} is not one of: {", ".join(PRESETS)}')
