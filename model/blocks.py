@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from model.attention import Cache, MultiHeadAttention
 from model.feedforward import FEEDFORWARDS
+from model.fusion import fusion_boundary
 from model.norms import NORMS
 from model.position import ROTARY
 
@@ -86,7 +87,9 @@ class _Layer(nn.Module):
       y, aux = sublayer(h)
       return self.dropout(y, deterministic=not train), aux
 
-    return PLACEMENTS[cfg.norm_position].connect(x, with_dropout, bound_norms, cfg.residual)
+    x, aux = PLACEMENTS[cfg.norm_position].connect(x, with_dropout, bound_norms, cfg.residual)
+    # The stream after each sublayer is computed once, not again inside every later consumer.
+    return fusion_boundary(x), aux
 
   def feed_forward(self, x, token_mask, train: bool):
     x, _ = self.connect(x, lambda h: (self.ffn(h), None), self.ffn_norms, token_mask, train)
