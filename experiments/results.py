@@ -63,7 +63,12 @@ def read_metrics(run_dir: str) -> tuple[list[dict], list[dict]]:
         record = json.loads(line)
       except json.JSONDecodeError:
         continue
-      records = evals if 'eval_loss' in record else train
+      if 'eval_loss' in record:
+        records = evals
+      elif 'train_loss' in record:
+        records = train
+      else:  # epoch timing records
+        continue
       while records and records[-1]['step'] >= record['step']:
         records.pop()
       records.append(record)

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -107,3 +108,18 @@ def test_bad_command_lines_fail_with_one_clear_line(tmp_path, args, expected):
   assert result.returncode != 0
   assert expected in result.stderr.strip().splitlines()[-1]
   assert 'Compiling' not in result.stderr
+
+
+def test_a_whole_epoch_records_its_wall_clock_time(tmp_path, data_cache):
+  config = smoke_config(data_cache, num_epochs=1, log_every=10, eval_every=10**6,
+                        checkpoint_every=10**6)
+  config.data.max_tokens = 16384  # a short epoch: about 40 steps of the smoke model
+  start = time.perf_counter()
+  state = train.train_and_evaluate(config, str(tmp_path))
+  wall_seconds = time.perf_counter() - start
+  records = read_jsonl(tmp_path / 'metrics.jsonl')
+  (epoch_record,) = [r for r in records if 'epoch_finished' in r]
+  assert epoch_record['epoch_finished'] == 0 and epoch_record['step'] == int(state.step)
+  # Everything from the epoch's first batch to its end, within the whole call's time.
+  assert 0 < epoch_record['epoch_seconds'] < wall_seconds
+  assert {r['epoch'] for r in records if 'train_loss' in r} == {0}
