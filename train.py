@@ -185,9 +185,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   window: list[dict] = []
   window_start = time.perf_counter()
   epoch = 0
-  # (epoch, wall-clock start) of the epoch being trained; the start is None when this invocation
-  # began inside it. Epoch time is everything: data, steps, evaluation, checkpoints, compiling.
-  epoch_clock: tuple[int, float | None] = (-1, None)
+  # Wall-clock start of the epoch being trained; None when this invocation began inside it.
+  # Epoch time is everything: data, steps, evaluation, checkpoints, compiling.
+  epoch_start: float | None = None
   pending = None  # (step, device metrics) of the latest step, fetched once the next one is queued
   compile_seconds: dict[tuple, float] = {}  # per padded batch shape [B, T, S], this invocation
 
@@ -203,10 +203,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   def record_epoch_time():
     """Writes how long the epoch just finished took, if this invocation saw all of it."""
-    if epoch_clock[1] is not None:
-      seconds = time.perf_counter() - epoch_clock[1]
-      writer.write(step, {'epoch_finished': epoch_clock[0], 'epoch_seconds': seconds})
-      logging.info('epoch %d finished at step %d in %.1f s', epoch_clock[0], step, seconds)
+    if epoch_start is not None:
+      seconds = time.perf_counter() - epoch_start
+      writer.write(step, {'epoch_finished': epoch, 'epoch_seconds': seconds})
+      logging.info('epoch %d finished at step %d in %.1f s', epoch, step, seconds)
 
   def save(at_step, metrics=None, force=False):
     checkpointer.save(at_step, state, {'data_iterator': train_iter.get_state(), 'epoch': epoch},
@@ -217,9 +217,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     while step < total_steps:
       local_batch = next(train_iter)
       batch_epoch = int(local_batch.pop('epoch'))
-      if batch_epoch != epoch_clock[0]:
+      if batch_epoch != epoch or steps_this_run == 0:
         record_epoch_time()
-        epoch_clock = (batch_epoch, time.perf_counter() if step % steps_per_epoch == 0 else None)
+        epoch_start = time.perf_counter() if step % steps_per_epoch == 0 else None
       epoch = batch_epoch
       shape = tuple(local_batch['decoder_input_tokens'].shape) + local_batch['encoder_input_tokens'].shape[1:]
       dispatch_start = time.perf_counter()
