@@ -102,7 +102,9 @@ def test_tiny_trained_model_reverses_held_out_sequences():
   state = train.create_train_state(model, tx, seed=0)
   step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.0,
                                    dropout_key=jax.random.PRNGKey(1)))
-  for _ in range(500):
+  # 1000 steps: with the fusion boundaries, 500 steps left one or two of the 64 held-out sequences
+  # wrong (700 left five): the float32 rounding of the gradient sums moves the trajectory.
+  for _ in range(1000):
     source, decoder_input, target = reversal_arrays([pool[i] for i in rng.integers(0, len(pool), 64)])
     state, _ = step(state, {'encoder_input_tokens': source, 'decoder_input_tokens': decoder_input,
                             'decoder_target_tokens': target,
@@ -110,9 +112,8 @@ def test_tiny_trained_model_reverses_held_out_sequences():
   source, _, target = reversal_arrays(held_out)
   for beam_size in (1, 4):
     tokens = np.asarray(translate(model, {'params': state.params}, jnp.asarray(source), beam_size=beam_size))
-    exact = (tokens[:, :target.shape[1]] == target).all(1) & ~tokens[:, target.shape[1]:].any(1)
-    # 500 steps learn the task, not every float32 rounding path: a sequence or two may slip.
-    assert exact.sum() >= 62, (beam_size, int(exact.sum()))
+    np.testing.assert_array_equal(tokens[:, :target.shape[1]], target)
+    assert not tokens[:, target.shape[1]:].any()
 
 
 def test_average_of_the_latest_checkpoints_is_their_mean(tmp_path):
