@@ -256,7 +256,9 @@ def translate_split(run: Restored, split: str, settings: dict, batch_size: int, 
       executables[tokens.shape] = translate.lower(run.model, variables, tokens, **settings).compile()
   compile_s = time.perf_counter() - start
   start = time.perf_counter()
-  outputs = [executables[tokens.shape](variables, tokens) for tokens in inputs]
+  # A compiled call takes the traced arguments only: the length penalty is one of them.
+  outputs = [executables[tokens.shape](variables, tokens, length_penalty=settings['length_penalty'])
+             for tokens in inputs]
   outputs = [np.asarray(output) for output in outputs]  # waits for the device
   decode_s = time.perf_counter() - start
   hypotheses = [''] * sum(int((batch['example_index'] >= 0).sum()) for batch in batches)

@@ -87,7 +87,7 @@ def load_batches(data_config: ml_collections.ConfigDict, split: str, num_pairs: 
     rounded up to 8 tokens.
   """
   tokenizer = tokenizer_lib.get_tokenizer(data_config)
-  pairs = pipeline.make_eval_batches(data_config, tokenizer, split, num_pairs)[0]
+  pairs = pipeline.make_eval_batches(data_config, tokenizer, split, num_pairs, examples=num_pairs)[0]
   available = int((pairs['example_index'] >= 0).sum())
   if available < num_pairs:
     raise ValueError(f'{data_config.dataset} split {split!r} has {available} pairs, fewer than '

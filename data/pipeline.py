@@ -113,18 +113,24 @@ def make_train_iterator(data_config, tokenizer: tokenizer_lib.Tokenizer, *,
 
 
 def make_eval_batches(data_config, tokenizer: tokenizer_lib.Tokenizer,
-                      split: str, batch_size: int) -> list[dict[str, np.ndarray]]:
-  """Returns every pair of `split` in source order, none dropped or truncated.
+                      split: str, batch_size: int,
+                      examples: int | None = None) -> list[dict[str, np.ndarray]]:
+  """Returns every pair of `split` (or its first `examples`), none dropped or truncated.
 
-  Batches have `batch_size` rows (the last one padded) and lengths padded to
-  the longest sequence of the batch rounded up to a multiple of 8.
+  Pairs are grouped by length (source, then target), as fairseq does, so a batch
+  carries little padding and a search stops early for short sentences;
+  `example_index` gives each row's line in the split. Batches have `batch_size`
+  rows (the last one padded) and lengths padded to the longest sequence of the
+  batch rounded up to a multiple of 8, which bounds the shapes to compile.
   """
   source, target = _split_ids(data_config, tokenizer, split)
+  count = len(source) if examples is None else min(examples, len(source))
+  order = np.lexsort((target.lengths[:count], source.lengths[:count]))
   batches = []
-  for start in range(0, len(source), batch_size):
-    rows = np.arange(start, start + batch_size)
-    rows[rows >= len(source)] = -1
-    real = rows[rows >= 0]
+  for start in range(0, count, batch_size):
+    rows = np.full(batch_size, -1)
+    real = order[start:start + batch_size]
+    rows[:len(real)] = real
     batches.append(assemble(
         source, target, rows,
         batching.round_up(int(source.lengths[real].max()) + 1, 8),

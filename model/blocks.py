@@ -7,7 +7,8 @@ residual stream x, how many norms it needs, and whether the stack ends with a fi
 With `residual=False` the '+ x' is dropped, the ablation the lectures describe. Another
 placement (sandwich x + N2(f(N1(x))), DeepNorm N(a x + f(x))) is one more `Placement`.
 
-Dimensions: B batch, S source length, T target length, D model width.
+Dimensions: B batch, S source length, T target length, D model width; in decoding K hypotheses
+per sentence and R = B * K rows.
 """
 
 import dataclasses
@@ -138,12 +139,18 @@ class DecoderLayer(_Layer):
     x, _ = self.connect(x, attend, self.self_attention_norms, token_mask, train)
     return self._cross_and_ffn(x, self.project_cross_kv(encoded), cross_mask, token_mask, train)
 
-  def decode_step(self, x, layer_cache: dict[str, Cache], cross_mask, position_index):
-    """One token x [B, 1, D] at `position_index`; cross_mask [B, 1, 1, S]. Returns (x, new cache)."""
-    attend = lambda h: self.self_attention.decode_step(h, layer_cache['self'], position_index)
+  def decode_step(self, x, self_cache: Cache, cross_kv: Cache, cross_mask, position_index):
+    """One token per hypothesis x [R, 1, D] at `position_index`. Returns (x, new self cache).
+
+    cross_kv [B, S, N, H] and cross_mask [B, 1, 1, S] have one row per sentence, R = B * K with
+    a sentence's K hypotheses adjacent: they attend as the K queries of their sentence's row.
+    """
+    attend = lambda h: self.self_attention.decode_step(h, self_cache, position_index)
     x, self_cache = self.connect(x, attend, self.self_attention_norms, None, False)
-    x = self._cross_and_ffn(x, layer_cache['cross'], cross_mask, None, False)
-    return x, {'self': self_cache, 'cross': layer_cache['cross']}
+    rows, _, width = x.shape
+    x = x.reshape(cross_mask.shape[0], -1, width)  # [R, 1, D] -> [B, K, D]
+    x = self._cross_and_ffn(x, cross_kv, cross_mask, None, False)
+    return x.reshape(rows, 1, width), self_cache
 
   def empty_self_cache(self, batch_size: int, length: int) -> Cache:
     return self.self_attention.empty_cache(batch_size, length)

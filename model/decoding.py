@@ -135,8 +135,10 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length,
 
   Args:
     step_fn: `(tokens [B*K], cache, position) -> (logits [B*K, V], cache)`.
-    cache: pytree of arrays with leading dimension B*K, from `tile_beams`; every
-      leaf is reordered along axis 0 as beams are re-ranked.
+    cache: pytree of arrays with leading dimension B*K, sentence b's K rows at
+      b*K .. b*K+K-1 (`tile_beams` of a per-sentence cache); every leaf is
+      reordered along axis 0 as beams are re-ranked, so state that is the same
+      for all of a sentence's beams is cheaper closed over by `step_fn`.
     batch_size: B.
     beam_size: K.
     max_length: T, most tokens generated (static int).

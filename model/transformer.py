@@ -1,19 +1,25 @@
 """The encoder-decoder Transformer for translation.
 
 Dimensions: B batch, S source length, T target length, D model width, V vocabulary,
-C decoding cache slots.
+C decoding cache slots, K hypotheses per sentence, R = B * K decoding rows.
 
 Entry points (all pure: parameters and caches go in and come out):
   __call__(encoder_input_tokens, decoder_input_tokens, train) -> logits [B, T, V] (float32)
   encode(encoder_input_tokens, train) -> encoded [B, S, D]
   decode(encoded, encoder_input_tokens, decoder_input_tokens, train) -> logits [B, T, V]
-  init_cache(encoded, encoder_input_tokens, max_decode_length) -> cache
-  decode_step(tokens [B], cache, position_index) -> (logits [B, V], cache)
+  source_cache(encoded, encoder_input_tokens) -> source_cache
+  init_cache(rows, max_decode_length) -> cache
+  decode_step(tokens [R], cache, position_index, source_cache) -> (logits [R, V], cache)
 Token id 0 is padding everywhere.
 
-The decoding cache is {'encoder_mask': [B, S] bool, 'layers': [{'self': {'key', 'value'}
-[B, C, N, H], 'cross': {'key', 'value'} [B, S, N, H]}, ...]}; every leaf leads with the
-batch axis, so beam search can reorder it with one gather.
+Decoding keeps two pytrees apart:
+  source_cache {'encoder_mask': [B, S] bool, 'layers': [{'key', 'value'} [B, S, N, H], ...]}:
+    each decoder layer's cross-attention keys/values, one row per sentence, computed once and
+    only read afterwards;
+  cache [{'key', 'value'} [R, C, N, H], ...]: each decoder layer's self-attention keys/values,
+    one row per hypothesis, R = B * K with a sentence's K hypotheses adjacent (K = 1 greedy).
+Beam search reorders only `cache`; cross-attention reads the source rows directly, with a
+sentence's K hypotheses as K queries of one row, so the constant keys/values are never copied.
 """
 
 import flax.linen as nn
@@ -137,25 +143,28 @@ class Transformer(nn.Module):
     encoded = self.encode(encoder_input_tokens, train=train)
     return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, train=train)
 
-  def init_cache(self, encoded, encoder_input_tokens, max_decode_length: int):
-    """Decoding cache for one source batch; cross-attention keys/values are computed here, once."""
-    batch_size = encoded.shape[0]
-    return {
-        'encoder_mask': masks.token_mask(encoder_input_tokens),  # [B, S]
-        'layers': [{'self': layer.empty_self_cache(batch_size, max_decode_length),
-                    'cross': layer.project_cross_kv(encoded)}
-                   for layer in self.decoder_layers],
-    }
+  def source_cache(self, encoded, encoder_input_tokens):
+    """What decoding reads of one source batch: its mask and every layer's cross-attention keys
+    and values, [B]-leading and computed once."""
+    return {'encoder_mask': masks.token_mask(encoder_input_tokens),  # [B, S]
+            'layers': [layer.project_cross_kv(encoded) for layer in self.decoder_layers]}
 
-  def decode_step(self, tokens, cache, position_index):
-    """Feeds tokens [B] at `position_index` (0 for BOS); returns logits [B, V] and the new cache."""
-    positions = jnp.full((tokens.shape[0], 1), position_index, dtype=jnp.int32)  # [B, 1]
-    x = self._embed(self._target_embedding(), self.decoder_positions, tokens[:, None], positions, False)  # [B, 1, D]
-    cross_mask = cache['encoder_mask'][:, None, None, :]  # [B, 1, 1, S]
-    new_layers = []
-    for layer, layer_cache in zip(self.decoder_layers, cache['layers']):
-      x, layer_cache = layer.decode_step(x, layer_cache, cross_mask, position_index)
-      new_layers.append(layer_cache)
+  def init_cache(self, rows: int, max_decode_length: int):
+    """Empty self-attention cache of `rows` hypotheses with `max_decode_length` slots each."""
+    return [layer.empty_self_cache(rows, max_decode_length) for layer in self.decoder_layers]
+
+  def decode_step(self, tokens, cache, position_index, source_cache):
+    """Feeds tokens [R] at `position_index` (0 for BOS); returns logits [R, V] and the new cache.
+
+    R is a multiple of the source batch B: rows b*K .. b*K+K-1 continue sentence b.
+    """
+    positions = jnp.full((tokens.shape[0], 1), position_index, dtype=jnp.int32)  # [R, 1]
+    x = self._embed(self._target_embedding(), self.decoder_positions, tokens[:, None], positions, False)  # [R, 1, D]
+    cross_mask = source_cache['encoder_mask'][:, None, None, :]  # [B, 1, 1, S]
+    new_cache = []
+    for layer, layer_cache, cross_kv in zip(self.decoder_layers, cache, source_cache['layers']):
+      x, layer_cache = layer.decode_step(x, layer_cache, cross_kv, cross_mask, position_index)
+      new_cache.append(layer_cache)
     x = self._final_norm('decoder_final_norm', x, None, False)
-    logits = self._logits(x[:, 0])  # [B, V]
-    return logits, {'encoder_mask': cache['encoder_mask'], 'layers': new_layers}
+    logits = self._logits(x[:, 0])  # [R, V]
+    return logits, new_cache

@@ -6,37 +6,41 @@ Dimensions: B batch, S source length, K beam, T generated length.
 import functools
 
 import jax
-import jax.numpy as jnp
 
 from model import decoding, masks
 from model.transformer import Transformer
 
 
-def _search_inputs(model: Transformer, variables, encoder_input_tokens, max_length_a, max_length_b):
+def _search_inputs(model: Transformer, variables, encoder_input_tokens, beam_size: int,
+                   max_length_a, max_length_b):
   """Step function, cache and length limits that both searches start from.
 
   The encoder runs once and the cross-attention keys/values are projected once per source
-  batch (into the cache).
+  batch, into the source cache the step function reads; only the self-attention cache, one row
+  per hypothesis, goes through the search (and is reordered by beam search).
 
   Returns:
-    (step_fn, cache, max_length, max_lengths): the model's `decode_step` over `variables`, the
-    [B]-leading cache, the static output length T and the per-sentence limits int32 [B].
+    (step_fn, cache, max_length, max_lengths): the model's `decode_step` over `variables` and
+    the source cache, the empty [B*K]-leading cache, the static output length T and the
+    per-sentence limits int32 [B].
   """
-  source_length = encoder_input_tokens.shape[1]
+  batch_size, source_length = encoder_input_tokens.shape
   max_length = decoding.decode_length_limit(source_length, max_length_a, max_length_b)
   source_lengths = masks.token_mask(encoder_input_tokens).sum(-1)  # [B]
   max_lengths = decoding.decode_length_limit(source_lengths, max_length_a, max_length_b)  # [B]
   encoded = model.apply(variables, encoder_input_tokens, method=Transformer.encode)  # [B, S, D]
-  cache = model.apply(variables, encoded, encoder_input_tokens, max_length, method=Transformer.init_cache)
+  source_cache = model.apply(variables, encoded, encoder_input_tokens, method=Transformer.source_cache)
+  cache = model.apply(variables, batch_size * beam_size, max_length, method=Transformer.init_cache)
 
   def step_fn(tokens, cache, position):
-    return model.apply(variables, tokens, cache, position, method=Transformer.decode_step)
+    return model.apply(variables, tokens, cache, position, source_cache, method=Transformer.decode_step)
 
   return step_fn, cache, max_length, max_lengths
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'length_penalty',
-                                              'length_penalty_form', 'max_length_a', 'max_length_b'))
+# The length penalty is traced, not static: comparing penalties reuses one compilation.
+@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'length_penalty_form',
+                                              'max_length_a', 'max_length_b'))
 def translate(model: Transformer, variables, encoder_input_tokens, *, beam_size: int = 1,
               length_penalty: float = 1.0, length_penalty_form: str = 'fairseq',
               max_length_a: int = 10, max_length_b: float = 1.2):
@@ -59,7 +63,7 @@ def translate(model: Transformer, variables, encoder_input_tokens, *, beam_size:
   """
   if beam_size == 1:
     step_fn, cache, max_length, max_lengths = _search_inputs(
-        model, variables, encoder_input_tokens, max_length_a, max_length_b)
+        model, variables, encoder_input_tokens, 1, max_length_a, max_length_b)
     return decoding.greedy_search(step_fn, cache, batch_size=encoder_input_tokens.shape[0],
                                   max_length=max_length, max_lengths=max_lengths)
   tokens, _ = beam_translate(
@@ -68,8 +72,8 @@ def translate(model: Transformer, variables, encoder_input_tokens, *, beam_size:
   return tokens[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'length_penalty',
-                                              'length_penalty_form', 'max_length_a', 'max_length_b'))
+@functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'length_penalty_form',
+                                              'max_length_a', 'max_length_b'))
 def beam_translate(model: Transformer, variables, encoder_input_tokens, *, beam_size: int,
                    length_penalty: float = 1.0, length_penalty_form: str = 'fairseq',
                    max_length_a: int = 10, max_length_b: float = 1.2):
@@ -83,8 +87,8 @@ def beam_translate(model: Transformer, variables, encoder_input_tokens, *, beam_
     scores: [B, K] float32 length-penalised log-probabilities.
   """
   step_fn, cache, max_length, max_lengths = _search_inputs(
-      model, variables, encoder_input_tokens, max_length_a, max_length_b)
+      model, variables, encoder_input_tokens, beam_size, max_length_a, max_length_b)
   return decoding.beam_search(
-      step_fn, decoding.tile_beams(cache, beam_size), batch_size=encoder_input_tokens.shape[0],
+      step_fn, cache, batch_size=encoder_input_tokens.shape[0],
       beam_size=beam_size, max_length=max_length, max_lengths=max_lengths,
       length_penalty=length_penalty, length_penalty_form=length_penalty_form)

@@ -140,26 +140,41 @@ def test_too_small_token_budget(multi30k_config, multi30k_tokenizer):
     pipeline.make_train_iterator(multi30k_config, multi30k_tokenizer, seed=0)
 
 
-def test_eval_batches_keep_every_pair_in_source_order(multi30k_config,
-                                                      multi30k_tokenizer):
+def test_eval_batches_keep_every_pair_grouped_by_length(multi30k_config,
+                                                        multi30k_tokenizer):
   batches = pipeline.make_eval_batches(multi30k_config, multi30k_tokenizer,
                                        'test_2016', batch_size=64)
   index = np.concatenate([b['example_index'] for b in batches])
   assert len(index) == 16 * 64
-  np.testing.assert_array_equal(index[:1000], np.arange(1000))
+  np.testing.assert_array_equal(np.sort(index[:1000]), np.arange(1000))
   assert (index[1000:] == -1).all()
   text = datasets.load_split_text(multi30k_config, 'test_2016')
-  last = batches[-1]
-  assert multi30k_tokenizer.decode(last['encoder_input_tokens'][39]) == (
-      text.source[999])
-  assert not last['decoder_target_weights'][40:].any()
+  source_lengths = []
   for batch in batches:
     assert set(batch) == _KEYS - {'epoch'}
     assert batch['encoder_input_tokens'].shape[1] % 8 == 0
     assert batch['decoder_target_tokens'].shape[1] % 8 == 0
+    real_rows = batch['example_index'] >= 0
+    assert not batch['decoder_target_weights'][~real_rows].any()
+    for row in np.flatnonzero(real_rows)[::16]:
+      assert multi30k_tokenizer.decode(batch['encoder_input_tokens'][row]) == (
+          text.source[batch['example_index'][row]])
     # Nothing was truncated: every sequence ends with EOS inside the batch.
     for key in ('encoder_input_tokens', 'decoder_target_tokens'):
-      real = batch[key][batch['example_index'] >= 0]
+      real = batch[key][real_rows]
       lengths = np.count_nonzero(real, axis=1)
       assert (real[np.arange(len(real)), lengths - 1] == tokenizer_lib.EOS_ID
              ).all()
+    source_lengths.append(
+        np.count_nonzero(batch['encoder_input_tokens'][real_rows], axis=1))
+  # Grouped by source length: the lengths run in order through the batches.
+  assert (np.diff(np.concatenate(source_lengths)) >= 0).all()
+
+
+def test_eval_batches_of_the_first_examples(multi30k_config,
+                                            multi30k_tokenizer):
+  batches = pipeline.make_eval_batches(multi30k_config, multi30k_tokenizer,
+                                       'test_2016', batch_size=64, examples=100)
+  index = np.concatenate([b['example_index'] for b in batches])
+  assert len(batches) == 2
+  np.testing.assert_array_equal(np.sort(index[index >= 0]), np.arange(100))

@@ -81,6 +81,30 @@ def test_beam_size_one_equals_greedy(random_model):
   np.testing.assert_array_equal(tokens[:, 0], greedy)
 
 
+@pytest.mark.parametrize('alpha', [0.0, 1.0])
+def test_beam_scores_are_the_full_forward_log_probabilities_of_their_hypotheses(random_model, alpha):
+  # The cached search reads each sentence's cross-attention keys/values once for its K beams and
+  # reorders only the self-attention cache; any row mix-up would show as a score that is not the
+  # teacher-forced log-probability of the hypothesis it came with.
+  model, variables = random_model
+  beams = 3
+  tokens, scores = beam_translate(model, variables, SOURCE, beam_size=beams, length_penalty=alpha)
+  tokens, scores = np.asarray(tokens), np.asarray(scores)  # [B, K, T], [B, K]
+  assert np.isfinite(scores).all()
+  width = tokens.shape[2]
+  decoder_input = np.concatenate([np.full((*tokens.shape[:2], 1), BOS), tokens[:, :, :-1]], axis=2)
+  log_probs = jax.nn.log_softmax(jax.jit(model.apply)(
+      variables, np.repeat(SOURCE, beams, axis=0), decoder_input.reshape(-1, width)))  # [B*K, T, V]
+  log_probs = np.asarray(log_probs).reshape(*tokens.shape, -1)
+  for b, k in np.ndindex(*scores.shape):
+    ends = np.flatnonzero(tokens[b, k] == EOS)
+    length = ends[0] + 1 if len(ends) else width
+    assert (tokens[b, k, :length] != PAD).all()
+    total = log_probs[b, k, np.arange(length), tokens[b, k, :length]].sum()
+    np.testing.assert_allclose(scores[b, k], total / length**alpha, rtol=1e-5, atol=1e-5)
+  assert (np.diff(scores, axis=1) <= 0).all()  # best first
+
+
 def reversal_arrays(sequences, width=8):
   """Source + EOS, BOS + reversed source, reversed source + EOS: [N, width] each."""
   source, decoder_input, target = (np.zeros((len(sequences), width), np.int32) for _ in range(3))

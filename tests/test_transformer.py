@@ -47,10 +47,12 @@ def test_incremental_decoding_equals_full_forward(position, norm):
   @jax.jit
   def incremental(variables):
     encoded = model.apply(variables, SOURCE, method=Transformer.encode)
-    cache = model.apply(variables, encoded, SOURCE, TARGET_IN.shape[1], method=Transformer.init_cache)
+    source_cache = model.apply(variables, encoded, SOURCE, method=Transformer.source_cache)
+    cache = model.apply(variables, SOURCE.shape[0], TARGET_IN.shape[1], method=Transformer.init_cache)
     steps = []
     for t in range(TARGET_IN.shape[1]):
-      logits, cache = model.apply(variables, TARGET_IN[:, t], cache, t, method=Transformer.decode_step)
+      logits, cache = model.apply(variables, TARGET_IN[:, t], cache, t, source_cache,
+                                  method=Transformer.decode_step)
       steps.append(logits)
     return jnp.stack(steps, axis=1)
 
@@ -60,15 +62,29 @@ def test_incremental_decoding_equals_full_forward(position, norm):
                              atol=1e-5 * scale, rtol=1e-4)
 
 
-def test_cross_attention_keys_values_are_computed_once_in_the_cache():
+def test_hypotheses_of_one_sentence_share_its_source_cache_row():
+  # Rows b*K .. b*K+K-1 continue sentence b: fed different prefixes, each row's logits equal
+  # those of its prefix decoded alone against a source batch of its own sentence.
   model = Transformer(tiny_config())
   variables = init(model)
+  beams = 2
   encoded = model.apply(variables, SOURCE, method=Transformer.encode)
-  cache = model.apply(variables, encoded, SOURCE, 4, method=Transformer.init_cache)
-  _, next_cache = model.apply(variables, TARGET_IN[:, 0], cache, 0, method=Transformer.decode_step)
-  for before, after in zip(cache['layers'], next_cache['layers']):
-    assert after['cross']['key'] is before['cross']['key']
-    assert after['cross']['key'].shape == (3, SOURCE.shape[1], 2, 8)
+  source_cache = model.apply(variables, encoded, SOURCE, method=Transformer.source_cache)
+  prefixes = np.stack([TARGET_IN, np.roll(TARGET_IN, 1, axis=0)], axis=1)  # [B, K, T]
+  prefixes = prefixes.reshape(-1, TARGET_IN.shape[1])[:, :3]  # [B*K, 3]
+
+  def run(rows, source_cache, cache):
+    for t in range(rows.shape[1]):
+      logits, cache = model.apply(variables, rows[:, t], cache, t, source_cache,
+                                  method=Transformer.decode_step)
+    return logits
+
+  together = run(prefixes, source_cache,
+                 model.apply(variables, len(prefixes), 3, method=Transformer.init_cache))
+  for row, prefix in enumerate(prefixes):
+    sentence = jax.tree.map(lambda x: x[row // beams][None], source_cache)
+    alone = run(prefix[None], sentence, model.apply(variables, 1, 3, method=Transformer.init_cache))
+    np.testing.assert_allclose(together[row], alone[0], rtol=1e-5, atol=1e-5)
 
 
 def fairseq_transformer_parameter_count(src_vocab, tgt_vocab, d, ffn, enc_layers, dec_layers,

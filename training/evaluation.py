@@ -14,22 +14,6 @@ from model.translate import translate
 from training import partitioning
 
 
-def _keep_first(batch: dict, count: int) -> dict:
-  """Marks rows of examples at or beyond `count` as padding (index -1, zero weight)."""
-  dropped = batch['example_index'] >= count
-  if not dropped.any():
-    return batch
-  batch = dict(batch)
-  batch['example_index'] = np.where(dropped, -1, batch['example_index'])
-  batch['decoder_target_weights'] = np.where(dropped[:, None], 0.0, batch['decoder_target_weights'])
-  return batch
-
-
-def _first_index(batch: dict) -> int:
-  real = batch['example_index'][batch['example_index'] >= 0]
-  return int(real.min(initial=np.iinfo(np.int32).max))
-
-
 class Evaluator:
   """Holds the split's padded batches and references, built once per run."""
 
@@ -41,9 +25,8 @@ class Evaluator:
     references = datasets.load_split_text(config.data, split).reference
     count = config.data.eval_examples or len(references)
     self._references = references[:count]
-    self._batches = [_keep_first(batch, count) for batch in pipeline.make_eval_batches(
-        config.data, tokenizer, split, config.data.eval_batch_size)
-                     if _first_index(batch) < count]
+    self._batches = pipeline.make_eval_batches(config.data, tokenizer, split,
+                                               config.data.eval_batch_size, examples=count)
 
   def _local_rows(self, batch: dict) -> dict:
     """This process's share of the rows of a batch every process built identically."""
