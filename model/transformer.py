@@ -16,8 +16,8 @@ Decoding keeps two pytrees apart:
   source_cache {'encoder_mask': [B, S] bool, 'layers': [{'key', 'value'} [B, S, N, H], ...]}:
     each decoder layer's cross-attention keys/values, one row per sentence, computed once and
     only read afterwards;
-  cache [{'key', 'value'} [R, C, N, H], ...]: each decoder layer's self-attention keys/values,
-    one row per hypothesis, R = B * K with a sentence's K hypotheses adjacent (K = 1 greedy).
+  cache [{'key' [R, N, H, C], 'value' [R, N, C, H]}, ...]: each decoder layer's self-attention
+    keys/values, one row per hypothesis, R = B * K with a sentence's K hypotheses adjacent (K = 1 greedy).
 Beam search reorders only `cache`; cross-attention reads the source rows directly, with a
 sentence's K hypotheses as K queries of one row, so the constant keys/values are never copied.
 """
