@@ -177,8 +177,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       donate_argnums=0)
   evaluator = Evaluator(config, tokenizer, mesh, jax.jit(functools.partial(eval_step, model=model)))
 
-  writer = run_log.MetricsWriter(workdir, is_primary=is_primary)
   step = int(state.step)
+  writer = run_log.MetricsWriter(workdir, is_primary=is_primary, start_step=step)
   progress = run_log.ProgressBar(total_steps, initial_step=step) if is_primary else None
   if is_primary:
     run_log.write_status(workdir, 'running', step=step)

@@ -120,8 +120,9 @@ def make_eval_batches(data_config, tokenizer: tokenizer_lib.Tokenizer,
   Pairs are grouped by length (source, then target), as fairseq does, so a batch
   carries little padding and a search stops early for short sentences;
   `example_index` gives each row's line in the split. Batches have `batch_size`
-  rows (the last one padded) and lengths padded to the longest sequence of the
-  batch rounded up to a multiple of 8, which bounds the shapes to compile.
+  rows (the last one padded) and source and target padded to one length: the
+  longest sequence of the batch, either side, rounded up to a multiple of 8. So
+  the shapes to compile are one per multiple of 8, not one per pair of lengths.
   """
   source, target = _split_ids(data_config, tokenizer, split)
   count = len(source) if examples is None else min(examples, len(source))
@@ -131,10 +132,9 @@ def make_eval_batches(data_config, tokenizer: tokenizer_lib.Tokenizer,
     rows = np.full(batch_size, -1)
     real = order[start:start + batch_size]
     rows[:len(real)] = real
-    batches.append(assemble(
-        source, target, rows,
-        batching.round_up(int(source.lengths[real].max()) + 1, 8),
-        batching.round_up(int(target.lengths[real].max()) + 1, 8)))
+    longest = max(source.lengths[real].max(), target.lengths[real].max())
+    length = batching.round_up(int(longest) + 1, 8)
+    batches.append(assemble(source, target, rows, length, length))
   return batches
 
 

@@ -29,11 +29,28 @@ def test_metrics_jsonl_records(tmp_path):
 
 def test_metrics_appends_on_resume(tmp_path):
   for step in (1, 2):
-    writer = run_log.MetricsWriter(str(tmp_path), is_primary=True)
+    writer = run_log.MetricsWriter(str(tmp_path), is_primary=True, start_step=step - 1)
     writer.write(step, {'loss': float(step)})
     writer.close()
   lines = (tmp_path / 'metrics.jsonl').read_text().splitlines()
   assert [json.loads(line)['step'] for line in lines] == [1, 2]
+
+
+def test_a_resumed_run_drops_the_records_after_its_checkpoint(tmp_path):
+  writer = run_log.MetricsWriter(str(tmp_path), is_primary=True)
+  for step in (5, 10, 15):
+    writer.write(step, {'loss': float(step)})
+  writer.write(10, {'eval_loss': 1.0})
+  writer.close()
+  with open(tmp_path / 'metrics.jsonl', 'a') as f:
+    f.write('{"step": 20, "lo')  # killed mid-write
+  # Restored from the step-10 checkpoint: 15 and the cut line go, step 10's records stay.
+  writer = run_log.MetricsWriter(str(tmp_path), is_primary=True, start_step=10)
+  writer.write(15, {'loss': 15.5})
+  writer.close()
+  records = [json.loads(line) for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert records == [{'step': 5, 'loss': 5.0}, {'step': 10, 'loss': 10.0},
+                     {'step': 10, 'eval_loss': 1.0}, {'step': 15, 'loss': 15.5}]
 
 
 def test_tensorboard_event_file(tmp_path):

@@ -68,13 +68,20 @@ def test_run_writes_metrics_status_config_and_checkpoints(finished_run):
 def test_resumed_run_equals_uninterrupted_run_bitwise(finished_run, tmp_path, data_cache):
   _, config, uninterrupted = finished_run
   workdir = str(tmp_path / 'killed')
-  # Killed 3 steps after the step-10 checkpoint: those 3 steps are lost and redone on resume.
-  train.train_and_evaluate(config, workdir, stop_after_steps=13)
+  # Killed 6 steps after the step-10 checkpoint, after the step-15 record: those 6 steps are lost
+  # and redone on resume.
+  train.train_and_evaluate(config, workdir, stop_after_steps=16)
   assert json.load(open(os.path.join(workdir, 'status.json')))['state'] == 'running'
   resumed = train.train_and_evaluate(config, workdir)
   assert int(resumed.step) == 20
   assert params_equal_bitwise(resumed.params, uninterrupted.params)
   assert params_equal_bitwise(resumed.opt_state, uninterrupted.opt_state)
+  # Each step's records once, in order, and the redone steps' losses are the uninterrupted ones.
+  records = read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  expected = read_jsonl(finished_run[0] / 'metrics.jsonl')
+  kinds = lambda records: [(r['step'], sorted(r)) for r in records]
+  assert kinds(records) == kinds(expected)
+  assert [r.get('train_loss') for r in records] == [r.get('train_loss') for r in expected]
 
 
 def test_divergence_stops_cleanly_and_keeps_the_last_good_checkpoint(tmp_path, data_cache):

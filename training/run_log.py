@@ -1,9 +1,10 @@
 """What a run shows a person and leaves for sweeps to read.
 
-WORKDIR/metrics.jsonl   one JSON object per record: {"step": N, "<metric>": value, ...}.
-                        A resumed run appends again from its checkpoint, so readers
-                        keep the last record of each step.
-WORKDIR/events.out.*    the same scalars for TensorBoard (tensorboardX, no TensorFlow).
+WORKDIR/metrics.jsonl   one JSON object per record: {"step": N, "<metric>": value, ...},
+                        in step order: a resumed run first drops the records after
+                        its checkpoint's step, which it is about to write again.
+WORKDIR/events.out.*    the same scalars for TensorBoard (tensorboardX, no TensorFlow);
+                        a resumed run purges the steps after its checkpoint there too.
 WORKDIR/status.json     {"state", "step", "message", "updated"}, replaced atomically.
 
 Plus a tqdm progress bar for terminals and the divergence check that stops a run.
@@ -30,6 +31,24 @@ def _to_python(value: Any) -> int | float | bool:
   return np.asarray(value).item()
 
 
+def _truncate_after(path: str, step: int) -> None:
+  """Rewrites metrics.jsonl with only its whole records up to `step`, atomically."""
+  if not os.path.exists(path):
+    return
+  kept = []
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:  # the last line of a killed write
+        continue
+      if record['step'] <= step:
+        kept.append(line if line.endswith('\n') else line + '\n')
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    f.writelines(kept)
+  os.replace(path + '.tmp', path)
+
+
 class MetricsWriter:
   """Appends metric records to metrics.jsonl and TensorBoard event files.
 
@@ -37,13 +56,25 @@ class MetricsWriter:
   `is_primary=jax.process_index() == 0`; the others write nothing.
   """
 
-  def __init__(self, workdir: str, *, is_primary: bool):
+  def __init__(self, workdir: str, *, is_primary: bool, start_step: int = 0):
+    """Opens the records of `workdir` to continue after `start_step`.
+
+    Args:
+      workdir: Run directory.
+      is_primary: Whether this process writes.
+      start_step: Step the run starts from (its restored checkpoint, 0 for a fresh start).
+        Records after it come from an attempt that stopped before its next checkpoint; the
+        run writes those steps again, so they are dropped, as is a line cut short by a kill.
+    """
     self._jsonl = None
     self._tensorboard = None
     if is_primary:
       os.makedirs(workdir, exist_ok=True)
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
-      self._tensorboard = SummaryWriter(logdir=workdir)
+      path = os.path.join(workdir, 'metrics.jsonl')
+      _truncate_after(path, start_step)
+      self._jsonl = open(path, 'a', encoding='utf-8')
+      # TensorBoard hides this file's and earlier files' events from purge_step on.
+      self._tensorboard = SummaryWriter(logdir=workdir, purge_step=start_step + 1)
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
     """Records scalar `metrics` at `step`, flushed so a crash loses nothing.
