@@ -1,6 +1,13 @@
-"""Translates one split with a trained model and scores it with sacrebleu.
+"""Translates one split with a trained model and scores it with sacrebleu, or translates your text.
 
   python eval.py --workdir=runs/m30k --split=test_2016 --checkpoint=avg:5 --beam_size=5
+  echo "Ein Mann fährt Fahrrad." | python eval.py --workdir=runs/m30k --input=-
+  python eval.py --workdir=runs/m30k --input=de.txt --output=en.txt --beam_size=5 --nbest=3
+
+With --input (a file, or '-' for stdin) it writes one detokenised translation per input line, in
+input order, to --output (default stdout); an empty line gives an empty line. With --nbest=N each
+input line gives N lines `LINE<TAB>SCORE<TAB>TRANSLATION` (LINE counts from 1, SCORE is the
+length-penalised log-probability), best first.
 
 Everything comes from the workdir: config.json (saved by train.py) rebuilds data, tokenizer and
 model, checkpoints/ holds the parameters. --checkpoint: 'last', 'best' (lowest validation loss), a
@@ -17,6 +24,7 @@ words, for length extrapolation).
 
 import json
 import os
+import sys
 import time
 from typing import NamedTuple
 
@@ -30,15 +38,21 @@ import sacrebleu
 import sacremoses
 
 import train
-from data import datasets, pipeline, tokenizer as tokenizer_lib
-from model.translate import translate
+from data import batching, datasets, pipeline, tokenizer as tokenizer_lib
+from model import decoding
+from model.translate import beam_translate, translate
 from model.transformer import Transformer
 from training import averaging, partitioning, validation
 from training.checkpointing import Checkpointer
 
 # No --config flag: the config is the one the run saved in WORKDIR/config.json.
 WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory of train.py.', required=True)
-SPLIT = flags.DEFINE_string('split', None, 'Split to translate, e.g. test_2016.', required=True)
+SPLIT = flags.DEFINE_string('split', None, 'Split to translate and score, e.g. test_2016.')
+INPUT = flags.DEFINE_string('input', None, "Text file to translate, one sentence per line; '-' for stdin.")
+OUTPUT = flags.DEFINE_string('output', None, 'Where --input translations go (default: stdout).')
+NBEST = flags.DEFINE_integer('nbest', 1, 'Hypotheses written per --input line, with their scores '
+                             '(at most the beam size).', lower_bound=1)
+flags.mark_flags_as_mutual_exclusive(['split', 'input'], required=True)
 CHECKPOINT = flags.DEFINE_string('checkpoint', 'last', "'last', 'best', a saved step, or 'avg:N'.")
 BEAM_SIZE = flags.DEFINE_integer('beam_size', None, 'Beam width, 1 for greedy search '
                                  '(default: config.eval.beam_size).', lower_bound=1)
@@ -143,7 +157,7 @@ def first_mismatch(expected, saved) -> str | None:
   return None
 
 
-def restore(workdir: str, split: str, checkpoint: str, mesh) -> Restored:
+def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
   """Rebuilds tokenizer and model from WORKDIR/config.json and restores (or averages) variables.
 
   Every check of the command line and of the workdir runs before the tokenizer is loaded.
@@ -153,7 +167,8 @@ def restore(workdir: str, split: str, checkpoint: str, mesh) -> Restored:
   """
   kind, number = parse_checkpoint(checkpoint)
   config = load_config(workdir)
-  datasets.check_split(config.data.dataset, split)
+  if split is not None:
+    datasets.check_split(config.data.dataset, split)
   # Read-only: the run may still be training, and a save of it in progress must stay.
   checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
                               save_every=config.train.checkpoint_every, read_only=True)
@@ -271,6 +286,71 @@ def translate_split(run: Restored, split: str, settings: dict, batch_size: int, 
                       'sentences_per_sec': len(hypotheses) / decode_s}
 
 
+def read_lines(path: str) -> list[str]:
+  """The lines of `path` ('-': stdin) as text, or a ValueError naming the first that is not UTF-8."""
+  with (open(path, 'rb') if path != '-' else os.fdopen(os.dup(sys.stdin.fileno()), 'rb')) as stream:
+    raw_lines = stream.read().splitlines()
+  lines = []
+  for number, raw in enumerate(raw_lines, start=1):
+    try:
+      lines.append(raw.decode('utf-8'))
+    except UnicodeDecodeError as error:
+      raise ValueError(f'--input line {number} is not valid UTF-8 ({error.reason} at byte '
+                       f'{error.start})') from None
+  return lines
+
+
+def _source_batch(ids: list[list[int]], rows: list[int], batch_size: int) -> np.ndarray:
+  """[batch_size, S] int32: the sources `rows` + EOS, 0-padded to a multiple of 8."""
+  length = batching.round_up(max(len(ids[row]) for row in rows) + 1, 8)
+  tokens = np.zeros((batch_size, length), np.int32)
+  for i, row in enumerate(rows):
+    tokens[i, :len(ids[row]) + 1] = ids[row] + [tokenizer_lib.EOS_ID]
+  return tokens
+
+
+def translate_lines(run: Restored, lines: list[str], settings: dict, batch_size: int, nbest: int,
+                    mesh) -> list[list[tuple[float, str]]]:
+  """The `nbest` best (score, translation) of every line, batched by length, in input order.
+
+  Empty lines are not translated: they get no hypotheses. Raises ValueError, before decoding
+  anything, for a line longer than the model's positions allow.
+  """
+  if nbest > settings['beam_size']:
+    raise ValueError(f'--nbest={nbest} exceeds the beam size {settings["beam_size"]}: a beam '
+                     f'search keeps that many hypotheses; raise --beam_size')
+  ids = run.tokenizer.encode_batch(lines)
+  max_position = run.config.model.max_position
+  for number, line_ids in enumerate(ids, start=1):
+    padded = batching.round_up(len(line_ids) + 1, 8)
+    generated = decoding.decode_length_limit(padded, settings['max_length_a'], settings['max_length_b'])
+    if max(padded, generated) > max_position:
+      raise ValueError(f'--input line {number} has {len(line_ids)} subword tokens: with its EOS and '
+                       f'up to {generated} generated tokens it exceeds the model\'s max_position '
+                       f'{max_position}; split the line')
+  order = sorted((row for row, line_ids in enumerate(ids) if line_ids), key=lambda row: len(ids[row]))
+  variables = partitioning.replicate(run.variables, mesh)
+  results = [[] for _ in lines]
+  for start in range(0, len(order), batch_size):
+    rows = order[start:start + batch_size]
+    tokens = jax.device_put(_source_batch(ids, rows, batch_size), partitioning.batch_sharded(mesh))
+    hypotheses, scores = beam_translate(run.model, variables, tokens, **settings)  # [B, K, T], [B, K]
+    hypotheses, scores = np.asarray(hypotheses), np.asarray(scores)
+    for i, row in enumerate(rows):
+      results[row] = [(float(scores[i, k]), ' '.join(run.tokenizer.decode(hypotheses[i, k]).splitlines()))
+                      for k in range(nbest)]
+  return results
+
+
+def write_translations(results: list[list[tuple[float, str]]], nbest: int, stream) -> None:
+  for number, hypotheses in enumerate(results, start=1):
+    if nbest == 1:
+      stream.write((hypotheses[0][1] if hypotheses else '') + '\n')
+    else:
+      for score, text in hypotheses:
+        stream.write(f'{number}\t{score:.4f}\t{text}\n')
+
+
 def print_table(report: dict) -> None:
   decoding = report['decoding']
   print(f'{report["split"]}: {report["sentences"]} sentences, checkpoint {report["checkpoint"]} '
@@ -295,10 +375,20 @@ def main(argv):
                    'max_length_a': MAX_LENGTH_A.value, 'max_length_b': MAX_LENGTH_B.value}
   mesh = partitioning.make_mesh()
   try:
+    lines = read_lines(INPUT.value) if INPUT.value else None
     run = restore(workdir, split, checkpoint, mesh)
     settings, batch_size = decoding_settings(run.config, flag_settings, BATCH_SIZE.value)
+    if lines is not None:
+      results = translate_lines(run, lines, settings, batch_size, NBEST.value, mesh)
   except ValueError as error:
     raise SystemExit(f'eval.py: {train.one_line_error(error)}') from None
+  if lines is not None:
+    if OUTPUT.value:
+      with open(OUTPUT.value, 'w', encoding='utf-8') as f:
+        write_translations(results, NBEST.value, f)
+    else:
+      write_translations(results, NBEST.value, sys.stdout)
+    return
   hypotheses, timing = translate_split(run, split, settings, batch_size, mesh)
   report = {
       'workdir': os.path.abspath(workdir), 'split': split, 'sentences': len(hypotheses),

@@ -22,7 +22,7 @@ from data import datasets
 from model.config import ModelConfig
 from model.transformer import Transformer
 from model.translate import beam_translate, translate
-from training import averaging
+from training import averaging, partitioning
 from training.checkpointing import Checkpointer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -169,9 +169,9 @@ def smoke_run(tmp_path_factory, data_cache):
   return workdir, config
 
 
-def run_eval(*args):
+def run_eval(*args, stdin=None):
   return subprocess.run([sys.executable, 'eval.py', *args], cwd=REPO, capture_output=True, text=True,
-                        timeout=300)
+                        timeout=300, input=stdin)
 
 
 def moses_lowercase(lines):
@@ -227,6 +227,41 @@ def test_scores_of_imperfect_hypotheses_equal_sacrebleu(smoke_run):
   assert scores['buckets'][-1] == {'source_words': '41+', 'count': 0, 'bleu': None}
 
 
+def test_translating_lines_batched_by_length_equals_one_at_a_time(smoke_run):
+  workdir, config = smoke_run
+  mesh = partitioning.make_mesh()
+  run = eval_lib.restore(str(workdir), None, 'last', mesh)
+  settings = {'beam_size': 2, 'length_penalty': 1.0, 'length_penalty_form': 'fairseq',
+              'max_length_a': 2, 'max_length_b': 0.5}
+  lines = datasets.load_split_text(config.data, SPLIT).source[:7]
+  lines.insert(3, '')
+  together = eval_lib.translate_lines(run, lines, settings, 4, 2, mesh)
+  assert together[3] == []  # an empty line is not translated
+  for line, hypotheses in zip(lines, together):
+    if line:
+      alone = eval_lib.translate_lines(run, [line], settings, 4, 2, mesh)[0]
+      # Other batch shapes round the float32 scores differently.
+      assert [text for _, text in hypotheses] == [text for _, text in alone]
+      np.testing.assert_allclose([score for score, _ in hypotheses], [score for score, _ in alone],
+                                 rtol=1e-5)
+      assert len(hypotheses) == 2 and hypotheses[0][0] >= hypotheses[1][0]
+
+
+def test_translate_command_writes_one_line_per_input_line(smoke_run, tmp_path):
+  workdir, _ = smoke_run
+  (tmp_path / 'in.txt').write_text('Ein Mann fährt Fahrrad.\n\nZwei Hunde spielen im Schnee.\n')
+  result = run_eval(f'--workdir={workdir}', f'--input={tmp_path / "in.txt"}',
+                    f'--output={tmp_path / "out.txt"}', '--max_length_a=2', '--max_length_b=0.5')
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = (tmp_path / 'out.txt').read_text(encoding='utf-8').split('\n')
+  assert len(lines) == 4 and lines[1] == lines[3] == ''
+  result = run_eval(f'--workdir={workdir}', '--input=-', '--nbest=2', '--max_length_a=2',
+                    '--max_length_b=0.5', stdin='Ein Hund.\n')
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = [line.split('\t') for line in result.stdout.splitlines()]
+  assert [row[0] for row in rows] == ['1', '1'] and float(rows[0][1]) >= float(rows[1][1])
+
+
 BAD_INPUTS = {
     'no_config': (['--workdir={root}/empty'], 'no config.json in'),
     'no_checkpoint': (['--workdir={root}/untrained'], 'no checkpoint in'),
@@ -237,6 +272,13 @@ BAD_INPUTS = {
     'too_many_to_average': (['--workdir={run}', '--checkpoint=avg:9'], 'cannot average 9 checkpoints'),
     'incompatible_config': (['--workdir={root}/edited'], 'checkpoints/6 does not match the model of'),
     'no_tokenizer': (['--workdir={root}/no_tokenizer'], 'no tokenizer.model in'),
+    'split_and_input': (['--workdir={run}', '--split=test_2016', '--input={root}/ok.txt'],
+                        'Exactly one of (split, input)'),
+    'not_utf8': (['--workdir={run}', '--input={root}/latin1.txt'], '--input line 2 is not valid UTF-8'),
+    'nbest_above_beam': (['--workdir={run}', '--input={root}/ok.txt', '--nbest=3'],
+                         '--nbest=3 exceeds the beam size 2'),
+    'line_too_long': (['--workdir={run}', '--input={root}/ok.txt', '--max_length_a=5000'],
+                      "generated tokens it exceeds the model's max_position 1024; split the line"),
 }
 
 
@@ -252,6 +294,8 @@ def bad_input_results(smoke_run, tmp_path_factory):
   shutil.copy(run / 'tokenizer.model', root / 'edited')
   shutil.copytree(run / 'checkpoints', root / 'no_tokenizer' / 'checkpoints')
   shutil.copy(run / 'config.json', root / 'no_tokenizer')
+  (root / 'ok.txt').write_text('Ein Hund.\n')
+  (root / 'latin1.txt').write_bytes('Ein Hund.\nZwei Männer.\n'.encode('latin-1'))
   config = json.load(open(run / 'config.json'))
   config['model']['d_model'] = 64
   json.dump(config, open(root / 'edited' / 'config.json', 'w'))
@@ -259,7 +303,8 @@ def bad_input_results(smoke_run, tmp_path_factory):
   for case, (args, _) in BAD_INPUTS.items():
     args = [arg.format(root=root, run=run) for arg in args]
     stderr = open(root / f'{case}.stderr', 'w+')
-    processes[case] = (subprocess.Popen([sys.executable, 'eval.py', '--split=test_2016', *args], cwd=REPO,
+    mode = [] if any(arg.startswith(('--input', '--split')) for arg in args) else ['--split=test_2016']
+    processes[case] = (subprocess.Popen([sys.executable, 'eval.py', *mode, *args], cwd=REPO,
                                         stdout=subprocess.DEVNULL, stderr=stderr), stderr)
   results = {}
   for case, (process, stderr) in processes.items():
