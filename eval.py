@@ -60,6 +60,9 @@ LENGTH_PENALTY = flags.DEFINE_float('length_penalty', None, 'Length penalty alph
                                     '(default: config.eval.length_penalty).')
 LENGTH_PENALTY_FORM = flags.DEFINE_enum('length_penalty_form', 'fairseq', ['fairseq', 'gnmt'],
                                         'score / len**alpha, or GNMT score / ((5 + len) / 6)**alpha.')
+EARLY_STOPPING = flags.DEFINE_bool('early_stopping', False, "Stop a sentence's beam search at its "
+                                   'K-th finished hypothesis, as fairseq does, instead of when no '
+                                   'alive one can beat it (exact; for alpha > 0 often the length limit).')
 BATCH_SIZE = flags.DEFINE_integer('batch_size', None, 'Sentences per batch '
                                   '(default: config.data.eval_batch_size).', lower_bound=1)
 MAX_LENGTH_A = flags.DEFINE_integer('max_length_a', 10, 'Tokens generated at most: a + b * source '
@@ -372,6 +375,7 @@ def main(argv):
   workdir, split, checkpoint = WORKDIR.value, SPLIT.value, CHECKPOINT.value
   flag_settings = {'beam_size': BEAM_SIZE.value, 'length_penalty': LENGTH_PENALTY.value,
                    'length_penalty_form': LENGTH_PENALTY_FORM.value,
+                   'early_stopping': EARLY_STOPPING.value,
                    'max_length_a': MAX_LENGTH_A.value, 'max_length_b': MAX_LENGTH_B.value}
   mesh = partitioning.make_mesh()
   try:

@@ -123,15 +123,19 @@ def greedy_search(step_fn, cache, *, batch_size, max_length, max_lengths=None,
 
 def beam_search(step_fn, cache, *, batch_size, beam_size, max_length,
                 max_lengths=None, length_penalty=1.0,
-                length_penalty_form='fairseq', bos_id=2, eos_id=1, pad_id=0):
+                length_penalty_form='fairseq', early_stopping=False, bos_id=2,
+                eos_id=1, pad_id=0):
   """Decodes the K best hypotheses per sentence by their length-penalised score.
 
   Keeps K alive and K finished hypotheses per sentence (flax `examples/wmt`,
   fairseq). Each step ranks the 2K best extensions of the alive beams; an EOS
   extension (or any extension at `max_length`) is finished only when it ranks
   within the first K, as in fairseq, which makes beam size 1 greedy search at
-  alpha 0. A sentence stops once no alive hypothesis can beat its K-th finished
-  one. Log-softmax and scores are float32.
+  alpha 0. By default a sentence stops once no alive hypothesis can beat its
+  K-th finished one, which is exact but, for alpha > 0, often means running to
+  the length limit; with `early_stopping` it stops as soon as it has K finished
+  hypotheses (fairseq's rule, Hugging Face's early_stopping=True). Log-softmax
+  and scores are float32.
 
   Args:
     step_fn: `(tokens [B*K], cache, position) -> (logits [B*K, V], cache)`.
@@ -147,6 +151,7 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length,
     length_penalty: alpha; 0 ranks by total log-probability.
     length_penalty_form: 'fairseq' (score / length**alpha) or 'gnmt'
       (score / ((5 + length) / 6)**alpha), length counting EOS.
+    early_stopping: stop a sentence at its K-th finished hypothesis (static).
     bos_id: token fed first.
     eos_id: token that ends a hypothesis.
     pad_id: token written after EOS.
@@ -177,6 +182,8 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length,
     bound = jnp.maximum(penalised(best_alive, i + 1),
                         penalised(best_alive, longest))
     done = bound <= state['finished_scores'][:, -1]
+    if early_stopping:
+      done |= state['finished_scores'][:, -1] > -jnp.inf  # K finished
     return (i < max_length) & ~jnp.all(done)
 
   def body(state):

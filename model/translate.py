@@ -40,10 +40,10 @@ def _search_inputs(model: Transformer, variables, encoder_input_tokens, beam_siz
 
 # The length penalty is traced, not static: comparing penalties reuses one compilation.
 @functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'length_penalty_form',
-                                              'max_length_a', 'max_length_b'))
+                                              'early_stopping', 'max_length_a', 'max_length_b'))
 def translate(model: Transformer, variables, encoder_input_tokens, *, beam_size: int = 1,
               length_penalty: float = 1.0, length_penalty_form: str = 'fairseq',
-              max_length_a: int = 10, max_length_b: float = 1.2):
+              early_stopping: bool = False, max_length_a: int = 10, max_length_b: float = 1.2):
   """Best hypothesis per source sentence.
 
   Each sentence may generate at most a + b * (its source length) tokens.
@@ -55,6 +55,8 @@ def translate(model: Transformer, variables, encoder_input_tokens, *, beam_size:
     beam_size: 1 for greedy search.
     length_penalty: alpha of the length normalisation (beam search only).
     length_penalty_form: 'fairseq' (score / len^alpha) or 'gnmt'.
+    early_stopping: beam search stops a sentence at its K-th finished hypothesis (fairseq's
+      rule) instead of when no alive one can beat it (exact).
     max_length_a: a, tokens allowed whatever the source length.
     max_length_b: b, tokens allowed per source token.
 
@@ -68,15 +70,17 @@ def translate(model: Transformer, variables, encoder_input_tokens, *, beam_size:
                                   max_length=max_length, max_lengths=max_lengths)
   tokens, _ = beam_translate(
       model, variables, encoder_input_tokens, beam_size=beam_size, length_penalty=length_penalty,
-      length_penalty_form=length_penalty_form, max_length_a=max_length_a, max_length_b=max_length_b)
+      length_penalty_form=length_penalty_form, early_stopping=early_stopping,
+      max_length_a=max_length_a, max_length_b=max_length_b)
   return tokens[:, 0]
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'length_penalty_form',
-                                              'max_length_a', 'max_length_b'))
+                                              'early_stopping', 'max_length_a', 'max_length_b'))
 def beam_translate(model: Transformer, variables, encoder_input_tokens, *, beam_size: int,
                    length_penalty: float = 1.0, length_penalty_form: str = 'fairseq',
-                   max_length_a: int = 10, max_length_b: float = 1.2):
+                   early_stopping: bool = False, max_length_a: int = 10,
+                   max_length_b: float = 1.2):
   """The `beam_size` best hypotheses per source sentence, by beam search whatever the beam size.
 
   Arguments as for `translate`; beam_size 1 runs beam search with one beam (which `translate`
@@ -91,4 +95,5 @@ def beam_translate(model: Transformer, variables, encoder_input_tokens, *, beam_
   return decoding.beam_search(
       step_fn, cache, batch_size=encoder_input_tokens.shape[0],
       beam_size=beam_size, max_length=max_length, max_lengths=max_lengths,
-      length_penalty=length_penalty, length_penalty_form=length_penalty_form)
+      length_penalty=length_penalty, length_penalty_form=length_penalty_form,
+      early_stopping=early_stopping)

@@ -108,10 +108,12 @@ def _random_cache(seed, batch_size=B):
 
 
 @functools.lru_cache(maxsize=None)
-def _jit_beam(step_fn, batch_size, beam_size, max_length, form='fairseq'):
+def _jit_beam(step_fn, batch_size, beam_size, max_length, form='fairseq',
+              early_stopping=False):
   return jax.jit(functools.partial(
       decoding.beam_search, step_fn, batch_size=batch_size, beam_size=beam_size,
-      max_length=max_length, length_penalty_form=form))
+      max_length=max_length, length_penalty_form=form,
+      early_stopping=early_stopping))
 
 
 @functools.lru_cache(maxsize=None)
@@ -196,6 +198,37 @@ def test_early_stop_waits_for_a_hypothesis_that_wins_at_full_length(form, alpha)
   cache = _history_cache(np.broadcast_to(log_probs, (4,) + log_probs.shape))
   tokens, _ = _jit_beam(_history_step, 4, 1, T, form)(cache, length_penalty=alpha)
   assert tokens[0, 0].tolist() == [3, 3, 3, 3]
+
+
+def test_early_stopping_ends_a_sentence_at_its_kth_finished_hypothesis():
+  # The case above: exact search waits for [3, 3, 3, 3]; fairseq's rule stops
+  # when [EOS] is the one (K = 1) finished hypothesis, after one step.
+  probs = np.full(((V + 1)**T, V), 0.25)
+  probs[_code([BOS])] = 0.11, 0.6, 0.11, 0.18  # pad, EOS, BOS, 3.
+  for n in range(1, T):
+    probs[_code([BOS] + [3] * n)] = 0.01, 0.01, 0.01, 0.97
+  log_probs = np.log(probs, dtype=np.float32)
+  cache = _history_cache(np.broadcast_to(log_probs, (4,) + log_probs.shape))
+  steps = []
+
+  def step(tokens, cache, position):
+    jax.debug.callback(steps.append, position)
+    return _history_step(tokens, cache, position)
+
+  tokens, scores = _jit_beam(step, 4, 1, T, 'fairseq', True)(cache, length_penalty=1.0)
+  assert tokens[0, 0].tolist() == [EOS, PAD, PAD, PAD] and len(steps) == 1
+  np.testing.assert_allclose(scores[:, 0], np.log(0.6), rtol=1e-6)
+
+
+@pytest.mark.parametrize('seed', [0, 1])
+def test_early_stopping_fills_k_hypotheses_and_never_beats_the_exact_search(seed):
+  cache, _ = _random_cache(seed)
+  _, exact_scores = _jit_beam(_history_step, B, EXACT_K, T)(
+      decoding.tile_beams(cache, EXACT_K), length_penalty=1.0)
+  tokens, scores = _jit_beam(_history_step, B, EXACT_K, T, 'fairseq', True)(
+      decoding.tile_beams(cache, EXACT_K), length_penalty=1.0)
+  assert np.isfinite(np.asarray(scores)).all()
+  assert (np.asarray(scores)[:, 0] <= np.asarray(exact_scores)[:, 0] + 1e-6).all()
 
 
 @pytest.mark.parametrize('form', ['fairseq', 'gnmt'])
