@@ -10,6 +10,8 @@ The workdir receives config.json, metrics.jsonl, TensorBoard events, status.json
 
 import functools
 import json
+import logging as std_logging
+import math
 import os
 import shutil
 import time
@@ -26,7 +28,7 @@ from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
 from data import datasets, pipeline, tokenizer as tokenizer_lib
-from model import losses
+from model import flops as flops_lib, losses
 from model.config import ModelConfig
 from model.transformer import Transformer
 from training import partitioning, run_log, validation
@@ -141,13 +143,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   Returns:
     The final train state.
   """
+  run_start = time.perf_counter()
   validation.check_config(config)
   is_primary = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
+  console = run_log.Console() if is_primary else None
+  say = console.line if console else lambda text: None
   if is_primary:
     _write_config(config, workdir)
     logging.info('config:\n%s', config)
 
+  say('preparing data and tokenizer (minutes on a dataset\'s first use, then cached)')
   tokenizer = load_run_tokenizer(workdir, config.data)
   model = build_model(config, tokenizer.vocab_size)
   mesh = partitioning.make_mesh()
@@ -179,9 +185,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   step = int(state.step)
   writer = run_log.MetricsWriter(workdir, is_primary=is_primary, start_step=step)
-  progress = run_log.ProgressBar(total_steps, initial_step=step) if is_primary else None
+  say(describe_data(config.data, train_iter, tokenizer))
+  say(describe_model(model, state.params, total_steps, latest))
+  earlier_evals = [record for record in writer.previous_records if 'eval_loss' in record]
+  best = {'eval_loss': min((record['eval_loss'] for record in earlier_evals), default=math.inf),
+          'bleu': max((record['bleu'] for record in earlier_evals), default=-math.inf)}
   if is_primary:
     run_log.write_status(workdir, 'running', step=step)
+    console.start(total_steps, initial_step=step)
   window: list[dict] = []
   window_start = time.perf_counter()
   epoch = 0
@@ -249,10 +260,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
             'compile_seconds': float(sum(compile_seconds.values())),
         }
         writer.write(step, record)
-        if progress:
-          progress.update(step, epoch=epoch, loss=record['train_loss'], lr=record['learning_rate'],
-                          tok_s=record['tokens_per_sec'])
+        if console:
+          console.update(step, epoch=epoch, loss=record['train_loss'], lr=record['learning_rate'],
+                         tok_s=record['tokens_per_sec'])
         window, window_start = [], time.perf_counter()
+      elif console:
+        console.step(step)
       eval_metrics = None
       pause_start = time.perf_counter()
       if step % config.train.eval_every == 0 or at_end:
@@ -260,6 +273,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         eval_metrics = evaluator(model, model_variables(state.params, state.batch_stats), state)
         writer.write(step, eval_metrics)
         logging.info('step %d: %s', step, eval_metrics)
+        say(describe_validation(step, eval_metrics, best))
       if step % config.train.checkpoint_every == 0 or at_end:
         settle()
         save(step, {'val_loss': eval_metrics['eval_loss']} if eval_metrics else None, force=at_end)
@@ -283,11 +297,43 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   finally:
     checkpointer.close()
     writer.close()
-    if progress:
-      progress.close()
+    if console:
+      console.close()
   if is_primary:
     run_log.write_status(workdir, 'finished', step=step)
+    best_step = checkpointer.best_step()
+    say(f'finished at step {step} in {(time.perf_counter() - run_start) / 60:.1f} min; run folder '
+        f'{workdir}' + (f', best checkpoint step {best_step}' if best_step is not None else ''))
   return state
+
+
+def describe_data(data_config, train_iter: pipeline.TrainIterator, tokenizer) -> str:
+  """The console's line about the prepared data."""
+  source, target = datasets.language_pair(data_config)
+  return (f'data: {data_config.dataset} {source}->{target}, {train_iter.num_pairs:,} training pairs '
+          f'in {train_iter.batches_per_epoch} batches per epoch ({train_iter.num_filtered} longer than '
+          f'max_length={data_config.max_length} left out), vocabulary {tokenizer.vocab_size:,}; '
+          f'cached in {datasets.cache_dir(data_config)}')
+
+
+def describe_model(model: Transformer, params, total_steps: int, resumed_from: int | None) -> str:
+  """The console's line about the model and the run's length."""
+  cfg = model.config
+  parameters = sum(leaf.size for leaf in jax.tree.leaves(params))
+  # Per target token of a training step on 32-token pairs (FLOPs grow with length).
+  flops = flops_lib.train_step_flops(cfg, 1, 32, 32) / 32
+  start = f'resuming at step {resumed_from}' if resumed_from is not None else 'starting'
+  return (f'model: {cfg.num_encoder_layers}+{cfg.num_decoder_layers} layers, d_model {cfg.d_model}, '
+          f'{parameters / 1e6:.2f}M parameters, {flops / 1e6:.3g} MFLOP per target token to train; '
+          f'{start}, {total_steps} steps')
+
+
+def describe_validation(step: int, metrics: dict, best: dict) -> str:
+  """The console's line for one validation; updates `best` (lowest eval_loss, highest bleu)."""
+  best['eval_loss'] = min(best['eval_loss'], metrics['eval_loss'])
+  best['bleu'] = max(best['bleu'], metrics['bleu'])
+  return (f'step {step}: validation loss {metrics["eval_loss"]:.3f} (best {best["eval_loss"]:.3f}), '
+          f'greedy BLEU {metrics["bleu"]:.2f} (best {best["bleu"]:.2f})')
 
 
 def define_flags() -> None:
@@ -308,6 +354,7 @@ def main(argv):
   if args.multiprocess:
     partitioning.initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
   config = checked_config_flag()
+  log_to_file(args.workdir, keep_terminal_info=args['verbosity'].present)
   # Compiled train and eval steps are reused across restarts and sweep runs of the same shapes
   # (10-20 s per batch shape on a 2-core CPU).
   jax.config.update('jax_compilation_cache_dir', str(datasets.cache_dir(config.data) / 'xla'))
@@ -315,6 +362,18 @@ def main(argv):
     train_and_evaluate(config, args.workdir)
   except run_log.DivergenceError as error:
     raise SystemExit(f'diverged: {error}') from None
+
+
+def log_to_file(workdir: str, keep_terminal_info: bool) -> None:
+  """Library records (absl, orbax, jax; INFO and up) go to WORKDIR/train.log, appended across
+  restarts; the terminal keeps the console lines, warnings and errors (all records with
+  keep_terminal_info, i.e. an explicit --verbosity)."""
+  os.makedirs(workdir, exist_ok=True)
+  handler = std_logging.FileHandler(os.path.join(workdir, 'train.log'), encoding='utf-8')
+  handler.setFormatter(logging.PythonFormatter())
+  std_logging.getLogger().addHandler(handler)
+  if not keep_terminal_info:
+    logging.get_absl_handler().setLevel(std_logging.WARNING)
 
 
 def checked_config_flag() -> ml_collections.ConfigDict:

@@ -5,10 +5,13 @@ default ~/.cache/seq2seq_lab): the first use reads and checks the raw files and
 writes ArrayRecord files, later uses only read them.
 """
 
+import contextlib
 import functools
+import io
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
+from absl import logging
 import tensorflow_datasets as tfds
 from tensorflow_datasets.proto import tf_example_pb2
 
@@ -83,8 +86,14 @@ def get_builder(data_config, splits: Sequence[str] | None = None):
       config=data_config.dataset_config, data_dir=str(data_dir),
       source_dir=data_config.source_dir, download_dir=str(root / 'downloads'),
       splits=splits, file_format='array_record')
-  dataset_builder.download_and_prepare(
-      download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  # TFDS prints its progress bars and messages to the terminal; they go to the log instead.
+  tfds.disable_progress_bar()
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    dataset_builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  if printed.getvalue().strip():
+    logging.info('%s', printed.getvalue().strip())
   return dataset_builder
 
 

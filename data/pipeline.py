@@ -37,6 +37,7 @@ class TrainIterator(Iterator[dict]):
   """Endless training batches, epoch after epoch, resumable.
 
   Attributes:
+    num_pairs: Training pairs batched (every epoch).
     num_filtered: Training pairs dropped for exceeding max_length.
     batches_per_epoch: Batches (steps) in every epoch.
     batch_shapes: Every [B, L] shape this process's batches can have.
@@ -45,6 +46,7 @@ class TrainIterator(Iterator[dict]):
   def __init__(self, iterator: grain.DatasetIterator, plan: batching.BatchPlan,
                num_filtered: int, process_count: int):
     self._iterator = iterator
+    self.num_pairs = len(plan.example_ids)
     self.num_filtered = num_filtered
     self.batches_per_epoch = plan.batches_per_epoch
     self.batch_shapes = [(int(size) // process_count, int(length))

@@ -109,25 +109,35 @@ class _Terminal(io.StringIO):
     return True
 
 
-def _draw(stream, steps=3):
-  bar = run_log.ProgressBar(total_steps=steps, initial_step=0, file=stream)
+def _draw(stream, steps=4):
+  console = run_log.Console(file=stream)
+  console.line('data: ready')
+  console.start(total_steps=steps, initial_step=0)
   for step in range(1, steps + 1):
-    bar.update(step, loss=jnp.float32(2.3456), lr=1e-3, tok_s=12345.0)
-  bar.close()
+    if step % 2:
+      console.step(step)
+    else:
+      console.update(step, loss=jnp.float32(2.3456), lr=1e-3, tok_s=12345.0)
+  console.close()
   return stream.getvalue()
 
 
-def test_progress_bar_draws_on_a_terminal(monkeypatch):
+def test_console_draws_a_bar_on_a_terminal(monkeypatch):
   monkeypatch.delenv('CI', raising=False)
   output = _draw(_Terminal())
-  assert '3/3' in output and 'loss=2.35, lr=0.001, tok_s=12345' in output
+  assert 'data: ready\n' in output
+  assert '4/4' in output and 'loss=2.35, lr=0.001, tok_s=12345' in output
 
 
-def test_progress_bar_quiet_under_ci(monkeypatch):
-  monkeypatch.setenv('CI', 'true')
-  assert _draw(_Terminal()) == ''
-
-
-def test_progress_bar_quiet_when_not_a_terminal(monkeypatch):
-  monkeypatch.delenv('CI', raising=False)
-  assert _draw(io.StringIO()) == ''
+@pytest.mark.parametrize('stream, ci', [(_Terminal, 'true'), (io.StringIO, None)])
+def test_console_prints_plain_lines_under_ci_and_off_a_terminal(monkeypatch, stream, ci):
+  if ci:
+    monkeypatch.setenv('CI', ci)
+  else:
+    monkeypatch.delenv('CI', raising=False)
+  lines = _draw(stream()).splitlines()
+  # No bar: the lines and one line per logged record, with an ETA.
+  assert lines[0] == 'data: ready'
+  assert [line.split(':')[0] for line in lines[1:]] == ['step 2/4', 'step 4/4']
+  assert lines[1].startswith('step 2/4: loss=2.35, lr=0.001, tok_s=12345.0, ETA ')
+  assert lines[2].endswith('ETA 00:00')

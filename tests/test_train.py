@@ -117,6 +117,24 @@ def test_bad_command_lines_fail_with_one_clear_line(tmp_path, args, expected):
   assert 'Compiling' not in result.stderr
 
 
+def test_the_console_shows_its_lines_and_library_logging_goes_to_train_log(tmp_path, data_cache):
+  # Not a terminal (captured): no bar, a plain line per logged record.
+  workdir = tmp_path / 'run'
+  result = run_train_cli(f'--workdir={workdir}', '--config=configs/smoke.py',
+                         f'--config.data.cache_dir={data_cache}', '--config.train.num_steps=4',
+                         '--config.train.log_every=2', '--config.train.eval_every=4',
+                         '--config.train.checkpoint_every=4', env={'CI': ''})
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = (result.stdout + result.stderr).splitlines()
+  starts = [line.split(' ')[0] for line in lines]
+  assert starts == ['preparing', 'data:', 'model:', 'step', 'step', 'step', 'finished'], lines
+  assert lines[3].startswith('step 2/4: epoch=0, loss=') and 'ETA' in lines[3]
+  assert lines[5].startswith('step 4: validation loss')
+  assert lines[6].startswith('finished at step 4') and str(workdir) in lines[6]
+  log = (workdir / 'train.log').read_text()
+  assert 'train step compiled for batch shape' in log and 'config:' in log
+
+
 def test_a_whole_epoch_records_its_wall_clock_time(tmp_path, data_cache):
   config = smoke_config(data_cache, num_epochs=1, log_every=10, eval_every=10**6,
                         checkpoint_every=10**6)

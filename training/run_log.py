@@ -7,7 +7,7 @@ WORKDIR/events.out.*    the same scalars for TensorBoard (tensorboardX, no Tenso
                         a resumed run purges the steps after its checkpoint there too.
 WORKDIR/status.json     {"state", "step", "message", "updated"}, replaced atomically.
 
-Plus a tqdm progress bar for terminals and the divergence check that stops a run.
+Plus the console (a few lines and a progress bar) and the divergence check that stops a run.
 """
 
 import datetime
@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -31,11 +32,11 @@ def _to_python(value: Any) -> int | float | bool:
   return np.asarray(value).item()
 
 
-def _truncate_after(path: str, step: int) -> None:
-  """Rewrites metrics.jsonl with only its whole records up to `step`, atomically."""
+def _truncate_after(path: str, step: int) -> list[dict]:
+  """Rewrites metrics.jsonl with only its whole records up to `step`, atomically; returns them."""
   if not os.path.exists(path):
-    return
-  kept = []
+    return []
+  kept, records = [], []
   with open(path, encoding='utf-8') as f:
     for line in f:
       try:
@@ -44,9 +45,11 @@ def _truncate_after(path: str, step: int) -> None:
         continue
       if record['step'] <= step:
         kept.append(line if line.endswith('\n') else line + '\n')
+        records.append(record)
   with open(path + '.tmp', 'w', encoding='utf-8') as f:
     f.writelines(kept)
   os.replace(path + '.tmp', path)
+  return records
 
 
 class MetricsWriter:
@@ -68,10 +71,12 @@ class MetricsWriter:
     """
     self._jsonl = None
     self._tensorboard = None
+    # The records kept from earlier invocations of the run.
+    self.previous_records: list[dict] = []
     if is_primary:
       os.makedirs(workdir, exist_ok=True)
       path = os.path.join(workdir, 'metrics.jsonl')
-      _truncate_after(path, start_step)
+      self.previous_records = _truncate_after(path, start_step)
       self._jsonl = open(path, 'a', encoding='utf-8')
       # TensorBoard hides this file's and earlier files' events from purge_step on.
       self._tensorboard = SummaryWriter(logdir=workdir, purge_step=start_step + 1)
@@ -127,43 +132,73 @@ def write_status(workdir: str, state: str, **fields: Any) -> None:
     raise
 
 
-class ProgressBar:
-  """A tqdm bar over optimizer steps with loss, learning rate and tokens/s.
+class Console:
+  """What a person watching a run sees: a handful of plain lines and a progress bar.
 
-  tqdm supplies the rate and ETA. The bar stays silent under CI (env var CI
-  set) and when its stream is not a terminal, so logs and captured output
-  are not filled with carriage returns.
+  On a terminal a tqdm bar moves every step, with the latest loss, tokens/s and epoch; its ETA
+  is the average time per step since this invocation started, so evaluation, checkpoint and
+  compile pauses are in it. Lines print above the bar. Where the stream is not a terminal (nohup,
+  a pipe, CI with the CI variable set) there is no bar: each logged record prints as one plain
+  line with its own ETA instead. Library logging goes elsewhere (train.py: WORKDIR/train.log).
   """
 
-  def __init__(self, total_steps: int, initial_step: int = 0, *, file: TextIO | None = None):
-    """Starts the bar.
+  def __init__(self, *, file: TextIO | None = None):
+    """Lines can be printed at once; the bar waits for `start`.
+
+    Args:
+      file: Stream drawn on; stderr by default.
+    """
+    self._file = sys.stderr if file is None else file
+    self._interactive = not os.environ.get('CI') and self._file.isatty()
+    self._bar = None
+
+  def start(self, total_steps: int, initial_step: int = 0) -> None:
+    """Starts the bar (and its clock) once the run's length is known.
 
     Args:
       total_steps: Steps of the whole run.
       initial_step: Step resumed from, so the ETA counts only what remains.
-      file: Stream drawn on; stderr by default.
     """
-    file = sys.stderr if file is None else file
-    quiet = bool(os.environ.get('CI')) or not file.isatty()
-    self._bar = tqdm.tqdm(
-        total=total_steps, initial=initial_step, file=file, disable=quiet,
-        unit='step', dynamic_ncols=True)
+    self._total, self._initial = total_steps, initial_step
+    self._start = time.perf_counter()
+    # smoothing=0: the rate is the average since the start, not the last few steps.
+    self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, file=self._file,
+                          disable=not self._interactive, unit='step', dynamic_ncols=True,
+                          smoothing=0)
 
-  def update(self, step: int, **postfix: Any) -> None:
-    """Moves the bar to `step` and shows `postfix`, e.g. loss=, lr=, tok_s=.
+  def line(self, text: str) -> None:
+    """Prints `text` on its own line (above the bar on a terminal)."""
+    if self._interactive and self._bar is not None:
+      self._bar.write(text, file=self._file)
+    else:
+      print(text, file=self._file, flush=True)
 
-    Args:
-      step: Current optimizer step (absolute, not an increment).
-      **postfix: Scalars shown after the bar; tqdm shortens them (3 significant
-        digits where that is shorter).
-    """
-    # Postfix first: update() redraws, at most every 0.1 s.
-    self._bar.set_postfix(
-        {name: _to_python(value) for name, value in postfix.items()}, refresh=False)
+  def step(self, step: int) -> None:
+    """Moves the bar to `step` (absolute, not an increment)."""
     self._bar.update(step - self._bar.n)
 
+  def update(self, step: int, **postfix: Any) -> None:
+    """Shows a logged record's `postfix` (e.g. epoch=, loss=, tok_s=) after the bar at `step`.
+
+    Args:
+      step: Current optimizer step.
+      **postfix: Scalars shown after the bar; tqdm shortens them (3 significant digits where
+        that is shorter); the plain line shows them the same way.
+    """
+    values = {name: _to_python(value) for name, value in postfix.items()}
+    if self._interactive:
+      # Postfix first: update() redraws, at most every 0.1 s.
+      self._bar.set_postfix(values, refresh=False)
+      self.step(step)
+      return
+    done = step - self._initial
+    remaining = (time.perf_counter() - self._start) / done * (self._total - step) if done else 0.0
+    shown = ', '.join(f'{name}={tqdm.tqdm.format_num(value)}' for name, value in values.items())
+    self.line(f'step {step}/{self._total}: {shown}, ETA {tqdm.tqdm.format_interval(remaining)}')
+
   def close(self) -> None:
-    self._bar.close()
+    if self._bar is not None:
+      self._bar.close()
 
 
 class DivergenceError(RuntimeError):
