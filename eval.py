@@ -23,12 +23,13 @@ words, for length extrapolation).
 """
 
 import json
+import logging as std_logging
 import os
 import sys
 import time
 from typing import NamedTuple
 
-from absl import app, flags
+from absl import app, flags, logging
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -372,6 +373,9 @@ def print_table(report: dict) -> None:
 def main(argv):
   del argv
   start = time.perf_counter()
+  if not flags.FLAGS['verbosity'].present:
+    # The table (or the translations) is the output; library INFO records (orbax) would bury it.
+    logging.get_absl_handler().setLevel(std_logging.WARNING)
   workdir, split, checkpoint = WORKDIR.value, SPLIT.value, CHECKPOINT.value
   flag_settings = {'beam_size': BEAM_SIZE.value, 'length_penalty': LENGTH_PENALTY.value,
                    'length_penalty_form': LENGTH_PENALTY_FORM.value,
