@@ -1,45 +1,36 @@
 """Measures the training input pipeline: examples/s, tokens/s, batch shapes.
 
-The config is configs/base.py's; flags override a few data fields. The raw
-files come from --source_dir, else $SEQ2SEQ_DATA_DIR/<dataset>, else a
-download; preparing the dataset and training the tokenizer on first use are
-timed apart from the pipeline.
+The data fields come from --config (configs/base.py by default) and its overrides. The raw
+files come from config.data.source_dir, else $SEQ2SEQ_DATA_DIR/<dataset>, else a download;
+preparing the dataset and training the tokenizer on first use are timed apart from the pipeline.
 
-  python scripts/benchmark_data.py --max_tokens=4096 --num_batches=2000
+  python scripts/benchmark_data.py --config=configs/multi30k.py --config.data.max_tokens=4096 \
+      --num_batches=2000
 """
 
-import argparse
 from pathlib import Path
 import sys
 import time
 
+from absl import app, flags
+from ml_collections import config_flags
 import numpy as np
 
 # Run as a script from anywhere: the repository root holds configs/ and data/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from configs import base  # pylint: disable=g-import-not-at-top
 from data import pipeline  # pylint: disable=g-import-not-at-top
 from data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
 
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', str(Path(__file__).resolve().parents[1] / 'configs' / 'base.py'),
+    'Config file[:preset]; only its data section is used.')
+NUM_BATCHES = flags.DEFINE_integer('num_batches', 2000, 'Batches to time.', lower_bound=1)
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--dataset', default='multi30k')
-  parser.add_argument('--max_tokens', type=int, default=4096)
-  parser.add_argument('--num_batches', type=int, default=2000)
-  parser.add_argument('--num_workers', type=int, default=0)
-  parser.add_argument('--source_dir', default='')
-  parser.add_argument('--cache_dir', default='')
-  args = parser.parse_args()
 
-  config = base.get_config().data
-  config.dataset = args.dataset
-  config.max_tokens = args.max_tokens
-  config.num_workers = args.num_workers
-  config.source_dir = args.source_dir
-  config.cache_dir = args.cache_dir
-
+def main(argv) -> None:
+  del argv
+  config = _CONFIG.value.data
   start = time.perf_counter()
   tokenizer = tokenizer_lib.get_tokenizer(config)
   print(f'tokenizer ({config.vocab_type}, {tokenizer.vocab_size} pieces): '
@@ -54,7 +45,7 @@ def main() -> None:
   examples = real_tokens = padded_tokens = 0
   shapes = set()
   start = time.perf_counter()
-  for _ in range(args.num_batches):
+  for _ in range(NUM_BATCHES.value):
     batch = next(iterator)
     tokens = batch['encoder_input_tokens']
     examples += int(np.sum(batch['example_index'] >= 0))
@@ -64,7 +55,7 @@ def main() -> None:
     shapes.add(tokens.shape)
   seconds = time.perf_counter() - start
 
-  print(f'{args.num_batches} batches (max_tokens={config.max_tokens}) in '
+  print(f'{NUM_BATCHES.value} batches (max_tokens={config.max_tokens}) in '
         f'{seconds:.2f} s')
   print(f'examples/s: {examples / seconds:,.0f}')
   print(f'tokens/s (source + target, no padding): {real_tokens / seconds:,.0f}')
@@ -74,4 +65,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main)

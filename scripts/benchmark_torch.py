@@ -11,7 +11,6 @@ sqrt(d_model)) plus sinusoidal positions, an untied 10000-way output projection,
 warm-up. Intra-op threads default to torch's choice (one per core).
 """
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -19,6 +18,7 @@ import resource
 import statistics
 import time
 
+from absl import app, flags
 import torch
 from torch import nn
 
@@ -88,22 +88,28 @@ def measure(args) -> dict:
           'peak_rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--batch_size', type=int, default=256)
-  parser.add_argument('--source_length', type=int, default=16)
-  parser.add_argument('--target_length', type=int, default=16)
-  parser.add_argument('--vocab_size', type=int, default=10000)
-  parser.add_argument('--d_model', type=int, default=256)
-  parser.add_argument('--num_heads', type=int, default=8)
-  parser.add_argument('--d_ff', type=int, default=512)
-  parser.add_argument('--layers', type=int, default=3)
-  parser.add_argument('--dropout', type=float, default=0.1)
-  parser.add_argument('--label_smoothing', type=float, default=0.1)
-  parser.add_argument('--steps', type=int, default=10)
-  parser.add_argument('--warmup', type=int, default=2)
-  parser.add_argument('--out', default='')
-  args = parser.parse_args()
+_FLAGS = {
+    'batch_size': (256, 'Sentences per batch.'),
+    'source_length': (16, 'Source tokens per sentence.'),
+    'target_length': (16, 'Target tokens per sentence.'),
+    'vocab_size': (10000, 'Source and target vocabulary.'),
+    'd_model': (256, 'Model width.'),
+    'num_heads': (8, 'Attention heads.'),
+    'd_ff': (512, 'Feed-forward width.'),
+    'layers': (3, 'Encoder and decoder layers (each).'),
+    'steps': (10, 'Timed training steps.'),
+    'warmup': (2, 'Untimed steps first.'),
+}
+for _name, (_default, _help) in _FLAGS.items():
+  flags.DEFINE_integer(_name, _default, _help, lower_bound=1)
+flags.DEFINE_float('dropout', 0.1, 'Dropout rate.')
+flags.DEFINE_float('label_smoothing', 0.1, 'Label smoothing of the cross entropy.')
+flags.DEFINE_string('out', '', 'Write the measurements here as JSON.')
+
+
+def main(argv) -> None:
+  del argv
+  args = flags.FLAGS
   report = measure(args)
   print(f"{report['framework']}: {report['train_tokens_per_sec']:,.0f} target tokens/s, "
         f"{report['train_step_seconds'] * 1e3:,.1f} ms/step (median of {args.steps}), "
@@ -114,4 +120,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-  main()
+  app.run(main)
