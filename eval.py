@@ -46,33 +46,6 @@ from model.transformer import Transformer
 from training import averaging, partitioning, validation
 from training.checkpointing import Checkpointer
 
-# No --config flag: the config is the one the run saved in WORKDIR/config.json.
-WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory of train.py.', required=True)
-SPLIT = flags.DEFINE_string('split', None, 'Split to translate and score, e.g. test_2016.')
-INPUT = flags.DEFINE_string('input', None, "Text file to translate, one sentence per line; '-' for stdin.")
-OUTPUT = flags.DEFINE_string('output', None, 'Where --input translations go (default: stdout).')
-NBEST = flags.DEFINE_integer('nbest', 1, 'Hypotheses written per --input line, with their scores '
-                             '(at most the beam size).', lower_bound=1)
-flags.mark_flags_as_mutual_exclusive(['split', 'input'], required=True)
-CHECKPOINT = flags.DEFINE_string('checkpoint', 'last', "'last', 'best', a saved step, or 'avg:N'.")
-BEAM_SIZE = flags.DEFINE_integer('beam_size', None, 'Beam width, 1 for greedy search '
-                                 '(default: config.eval.beam_size).', lower_bound=1)
-LENGTH_PENALTY = flags.DEFINE_float('length_penalty', None, 'Length penalty alpha '
-                                    '(default: config.eval.length_penalty).')
-LENGTH_PENALTY_FORM = flags.DEFINE_enum('length_penalty_form', 'fairseq', ['fairseq', 'gnmt'],
-                                        'score / len**alpha, or GNMT score / ((5 + len) / 6)**alpha.')
-EARLY_STOPPING = flags.DEFINE_bool('early_stopping', False, "Stop a sentence's beam search at its "
-                                   'K-th finished hypothesis, as fairseq does, instead of when no '
-                                   'alive one can beat it (exact; for alpha > 0 often the length limit).')
-BATCH_SIZE = flags.DEFINE_integer('batch_size', None, 'Sentences per batch '
-                                  '(default: config.data.eval_batch_size).', lower_bound=1)
-MAX_LENGTH_A = flags.DEFINE_integer('max_length_a', 10, 'Tokens generated at most: a + b * source '
-                                    'length; this is a.', lower_bound=0)
-MAX_LENGTH_B = flags.DEFINE_float('max_length_b', 1.2, 'b of the length limit a + b * source length.',
-                                  lower_bound=0.0)
-OUT_DIR = flags.DEFINE_string('out_dir', None, 'Folder of the hypotheses and JSON report '
-                              '(default: WORKDIR/eval); one per setting when comparing several.')
-
 # Upper ends of the source-length buckets in words; longer sources form the last bucket.
 BUCKET_ENDS = (10, 20, 30, 40)
 # Whether the dataset's tokenized references went through Moses' normalize-punctuation.perl:
@@ -370,32 +343,64 @@ def print_table(report: dict) -> None:
         f'{report["compile_s"]:.1f} s compiling; wall {report["wall_s"]:.1f} s on {report["devices"]}')
 
 
+def define_flags() -> None:
+  """eval.py's command line; only when run as a program, so scripts can import this module.
+
+  No --config flag: the config is the one the run saved in WORKDIR/config.json.
+  """
+  flags.DEFINE_string('workdir', None, 'Run directory of train.py.', required=True)
+  flags.DEFINE_string('split', None, 'Split to translate and score, e.g. test_2016.')
+  flags.DEFINE_string('input', None, "Text file to translate, one sentence per line; '-' for stdin.")
+  flags.DEFINE_string('output', None, 'Where --input translations go (default: stdout).')
+  flags.DEFINE_integer('nbest', 1, 'Hypotheses written per --input line, with their scores '
+                       '(at most the beam size).', lower_bound=1)
+  flags.mark_flags_as_mutual_exclusive(['split', 'input'], required=True)
+  flags.DEFINE_string('checkpoint', 'last', "'last', 'best', a saved step, or 'avg:N'.")
+  flags.DEFINE_integer('beam_size', None, 'Beam width, 1 for greedy search '
+                       '(default: config.eval.beam_size).', lower_bound=1)
+  flags.DEFINE_float('length_penalty', None, 'Length penalty alpha '
+                     '(default: config.eval.length_penalty).')
+  flags.DEFINE_enum('length_penalty_form', 'fairseq', ['fairseq', 'gnmt'],
+                    'score / len**alpha, or GNMT score / ((5 + len) / 6)**alpha.')
+  flags.DEFINE_bool('early_stopping', False, "Stop a sentence's beam search at its K-th finished "
+                    'hypothesis, as fairseq does, instead of when no alive one can beat it '
+                    '(exact; for alpha > 0 often the length limit).')
+  flags.DEFINE_integer('batch_size', None, 'Sentences per batch '
+                       '(default: config.data.eval_batch_size).', lower_bound=1)
+  flags.DEFINE_integer('max_length_a', 10, 'Tokens generated at most: a + b * source length; '
+                       'this is a.', lower_bound=0)
+  flags.DEFINE_float('max_length_b', 1.2, 'b of the length limit a + b * source length.',
+                     lower_bound=0.0)
+  flags.DEFINE_string('out_dir', None, 'Folder of the hypotheses and JSON report '
+                      '(default: WORKDIR/eval); one per setting when comparing several.')
+
+
 def main(argv):
   del argv
   start = time.perf_counter()
   if not flags.FLAGS['verbosity'].present:
     # The table (or the translations) is the output; library INFO records (orbax) would bury it.
     logging.get_absl_handler().setLevel(std_logging.WARNING)
-  workdir, split, checkpoint = WORKDIR.value, SPLIT.value, CHECKPOINT.value
-  flag_settings = {'beam_size': BEAM_SIZE.value, 'length_penalty': LENGTH_PENALTY.value,
-                   'length_penalty_form': LENGTH_PENALTY_FORM.value,
-                   'early_stopping': EARLY_STOPPING.value,
-                   'max_length_a': MAX_LENGTH_A.value, 'max_length_b': MAX_LENGTH_B.value}
+  args = flags.FLAGS
+  workdir, split, checkpoint = args.workdir, args.split, args.checkpoint
+  flag_settings = {name: args[name].value for name in (
+      'beam_size', 'length_penalty', 'length_penalty_form', 'early_stopping', 'max_length_a',
+      'max_length_b')}
   mesh = partitioning.make_mesh()
   try:
-    lines = read_lines(INPUT.value) if INPUT.value else None
+    lines = read_lines(args.input) if args.input else None
     run = restore(workdir, split, checkpoint, mesh)
-    settings, batch_size = decoding_settings(run.config, flag_settings, BATCH_SIZE.value)
+    settings, batch_size = decoding_settings(run.config, flag_settings, args.batch_size)
     if lines is not None:
-      results = translate_lines(run, lines, settings, batch_size, NBEST.value, mesh)
+      results = translate_lines(run, lines, settings, batch_size, args.nbest, mesh)
   except ValueError as error:
     raise SystemExit(f'eval.py: {train.one_line_error(error)}') from None
   if lines is not None:
-    if OUTPUT.value:
-      with open(OUTPUT.value, 'w', encoding='utf-8') as f:
-        write_translations(results, NBEST.value, f)
+    if args.output:
+      with open(args.output, 'w', encoding='utf-8') as f:
+        write_translations(results, args.nbest, f)
     else:
-      write_translations(results, NBEST.value, sys.stdout)
+      write_translations(results, args.nbest, sys.stdout)
     return
   hypotheses, timing = translate_split(run, split, settings, batch_size, mesh)
   report = {
@@ -406,7 +411,7 @@ def main(argv):
       **timing, 'devices': f'{jax.device_count()} x {jax.devices()[0].device_kind}',
   }
   report['wall_s'] = time.perf_counter() - start
-  out_dir = OUT_DIR.value or os.path.join(workdir, 'eval')
+  out_dir = args.out_dir or os.path.join(workdir, 'eval')
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, f'{split}.hyp.txt'), 'w') as f:
     f.write(''.join(line + '\n' for line in hypotheses))
@@ -416,4 +421,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main, flags_parser=train.parse_flags)

@@ -53,6 +53,10 @@ class Tokenizer:
     return self._processor.encode(list(texts), out_type=int,
                                   num_threads=os.cpu_count())
 
+  def pieces(self, ids: Sequence[int] | np.ndarray) -> list[str]:
+    """The subword of every id (special ids included, e.g. '</s>'), for labels."""
+    return [self._processor.id_to_piece(int(i)) for i in ids]
+
   def decode(self, ids: Sequence[int] | np.ndarray) -> str:
     """Returns the text of `ids`, up to the first EOS, ignoring PAD and BOS."""
     ids = [int(i) for i in ids]

@@ -24,6 +24,21 @@ from model import position
 Cache = dict[str, jnp.ndarray]
 
 
+def attention_weights(query, key, mask):
+  """softmax(Q K^T / sqrt(H)) with masked logits: float32 [B, N, T, S].
+
+  Args:
+    query: [B, T, N, H].
+    key: [B, S, N, H].
+    mask: bool, broadcastable to [B, N, T, S]; True where attending is allowed.
+  """
+  query = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
+  logits = jnp.einsum('BTNH,BSNH->BNTS', query, key,
+                      preferred_element_type=jnp.float32)  # [B, N, T, S]
+  logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(logits, axis=-1)
+
+
 def xla_attention(query, key, value, mask, dropout):
   """softmax(Q K^T / sqrt(H)) V with masked logits, as portable einsums.
 
@@ -37,11 +52,7 @@ def xla_attention(query, key, value, mask, dropout):
   Returns:
     [B, T, N, H] in the dtype of `value`.
   """
-  query = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
-  logits = jnp.einsum('BTNH,BSNH->BNTS', query, key,
-                      preferred_element_type=jnp.float32)  # [B, N, T, S]
-  logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  probs = dropout(jax.nn.softmax(logits, axis=-1))  # [B, N, T, S]
+  probs = dropout(attention_weights(query, key, mask))  # [B, N, T, S]
   return jnp.einsum('BNTS,BSNH->BTNH', probs.astype(value.dtype), value)  # [B, T, N, H]
 
 
@@ -111,8 +122,15 @@ class MultiHeadAttention(nn.Module):
     return self._attend(query, kv['key'], kv['value'], mask, deterministic)
 
   def cross(self, x, kv: Cache, mask, *, deterministic: bool = True):
-    """Attention of x [B, T, D] to precomputed keys/values (`project_kv`) under `mask` [B, 1, T, S]."""
-    return self._attend(self.query(x), kv['key'], kv['value'], mask, deterministic)
+    """Attention of x [B, T, D] to precomputed keys/values (`project_kv`) under `mask` [B, 1, T, S].
+
+    With 'intermediates' mutable (scripts/attention_maps.py) it also records the attention
+    weights [B, N, T, S] as `attention_weights`.
+    """
+    query = self.query(x)  # [B, T, N, H]
+    if self.is_mutable_collection('intermediates'):
+      self.sow('intermediates', 'attention_weights', attention_weights(query, kv['key'], mask))
+    return self._attend(query, kv['key'], kv['value'], mask, deterministic)
 
   def decode_step(self, x, cache: Cache, position_index) -> tuple[jnp.ndarray, Cache]:
     """Self-attention of one new token x [B, 1, D] at `position_index` over the cache.

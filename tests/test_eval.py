@@ -263,6 +263,18 @@ def test_translate_command_writes_one_line_per_input_line(smoke_run, tmp_path):
   assert [row[0] for row in rows] == ['1', '1'] and float(rows[0][1]) >= float(rows[1][1])
 
 
+def test_attention_maps_draws_one_png_per_decoder_layer(smoke_run, tmp_path):
+  workdir, config = smoke_run
+  result = subprocess.run(
+      [sys.executable, 'scripts/attention_maps.py', f'--workdir={workdir}', '--split=test_2016',
+       '--index=2', '--heads', f'--out_dir={tmp_path}'], cwd=REPO, capture_output=True, text=True,
+      timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  layers = config.model.num_decoder_layers
+  assert sorted(p.name for p in tmp_path.iterdir()) == [f'layer_{i}.png' for i in range(layers)]
+  assert all(p.read_bytes().startswith(b'\x89PNG') for p in tmp_path.iterdir())
+
+
 BAD_INPUTS = {
     'no_config': (['--workdir={root}/empty'], 'no config.json in'),
     'no_checkpoint': (['--workdir={root}/untrained'], 'no checkpoint in'),

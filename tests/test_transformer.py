@@ -87,6 +87,21 @@ def test_hypotheses_of_one_sentence_share_its_source_cache_row():
     np.testing.assert_allclose(together[row], alone[0], rtol=1e-5, atol=1e-5)
 
 
+def test_recorded_cross_attention_weights_are_distributions_over_the_real_source():
+  model = Transformer(tiny_config())
+  variables = init(model)
+  plain = model.apply(variables, SOURCE, TARGET_IN)
+  logits, state = model.apply(variables, SOURCE, TARGET_IN, mutable=['intermediates'])
+  np.testing.assert_array_equal(logits, plain)  # recording changes nothing
+  for i in range(2):
+    (weights,) = state['intermediates'][f'decoder_layer_{i}']['cross_attention']['attention_weights']
+    assert weights.shape == (3, 2, TARGET_IN.shape[1], SOURCE.shape[1])  # [B, N, T, S]
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+    # Real target tokens put no weight on source padding (padding queries are masked whole).
+    real_queries = np.asarray(TARGET_IN != 0)[:, None, :, None]  # [B, 1, T, 1]
+    assert (np.asarray(weights) * real_queries * np.asarray(SOURCE == 0)[:, None, None, :] == 0).all()
+
+
 def fairseq_transformer_parameter_count(src_vocab, tgt_vocab, d, ffn, enc_layers, dec_layers,
                                         normalize_before=False, share_decoder_input_output_embed=True):
   """fairseq TransformerModel's parameter count, from its architecture (fairseq/models/transformer).
