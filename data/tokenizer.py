@@ -20,11 +20,8 @@ import sentencepiece as spm
 
 from data import builder
 from data import datasets
+from model.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
-PAD_ID = 0
-EOS_ID = 1
-BOS_ID = 2
-UNK_ID = 3
 VOCAB_TYPES = ('unigram', 'bpe')
 # More sentences than this are sampled down; both datasets stay below it.
 _MAX_TRAINING_SENTENCES = 2_000_000

@@ -29,6 +29,8 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from model.special_tokens import BOS_ID, EOS_ID, PAD_ID
+
 _LENGTH_PENALTIES = {
     # fairseq: score / length**alpha.
     'fairseq': lambda length, alpha: length**alpha,
@@ -79,7 +81,7 @@ def _eos_steps(max_lengths, batch_size, max_length):
 
 
 def greedy_search(step_fn, cache, *, batch_size, max_length, max_lengths=None,
-                  bos_id=2, eos_id=1, pad_id=0):
+                  bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID):
   """Decodes the most probable next token at every step.
 
   Args:
@@ -123,8 +125,8 @@ def greedy_search(step_fn, cache, *, batch_size, max_length, max_lengths=None,
 
 def beam_search(step_fn, cache, *, batch_size, beam_size, max_length,
                 max_lengths=None, length_penalty=1.0,
-                length_penalty_form='fairseq', early_stopping=False, bos_id=2,
-                eos_id=1, pad_id=0):
+                length_penalty_form='fairseq', early_stopping=False,
+                bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID):
   """Decodes the K best hypotheses per sentence by their length-penalised score.
 
   Keeps K alive and K finished hypotheses per sentence (flax `examples/wmt`,

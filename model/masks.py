@@ -6,7 +6,7 @@ All masks broadcast against attention logits shaped [B, N, T, S] (N heads).
 
 import jax.numpy as jnp
 
-PAD_ID = 0
+from model.special_tokens import PAD_ID
 
 
 def token_mask(tokens: jnp.ndarray, pad_id: int = PAD_ID) -> jnp.ndarray:
