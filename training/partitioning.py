@@ -15,8 +15,12 @@ DATA_AXIS = 'data'
 
 
 def make_mesh() -> Mesh:
-  """A 1-D mesh named 'data' over all devices (all processes)."""
-  return Mesh(np.asarray(jax.devices()), (DATA_AXIS,))
+  """A 1-D mesh named 'data' over all devices (all processes).
+
+  Auto axes: shardings are requested at jit boundaries (NamedSharding), not carried in types.
+  """
+  return jax.make_mesh((jax.device_count(),), (DATA_AXIS,),
+                       axis_types=(jax.sharding.AxisType.Auto,))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
