@@ -23,13 +23,12 @@ words, for length extrapolation).
 """
 
 import json
-import logging as std_logging
 import os
 import sys
 import time
 from typing import NamedTuple
 
-from absl import app, flags, logging
+from absl import app, flags
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -39,11 +38,11 @@ import sacrebleu
 import sacremoses
 
 import train
-from data import batching, datasets, pipeline, tokenizer as tokenizer_lib
+from data import batching, datasets, pipeline, token_ids, tokenizer as tokenizer_lib
 from model import decoding
 from model.translate import beam_translate, translate
 from model.transformer import Transformer
-from training import averaging, partitioning, validation
+from training import averaging, partitioning, run_log, validation
 from training.checkpointing import Checkpointer
 
 # Upper ends of the source-length buckets in words; longer sources form the last bucket.
@@ -277,15 +276,6 @@ def read_lines(path: str) -> list[str]:
   return lines
 
 
-def _source_batch(ids: list[list[int]], rows: list[int], batch_size: int) -> np.ndarray:
-  """[batch_size, S] int32: the sources `rows` + EOS, 0-padded to a multiple of 8."""
-  length = batching.round_up(max(len(ids[row]) for row in rows) + 1, 8)
-  tokens = np.zeros((batch_size, length), np.int32)
-  for i, row in enumerate(rows):
-    tokens[i, :len(ids[row]) + 1] = ids[row] + [tokenizer_lib.EOS_ID]
-  return tokens
-
-
 def translate_lines(run: Restored, lines: list[str], settings: dict, batch_size: int, nbest: int,
                     mesh) -> list[list[tuple[float, str]]]:
   """The `nbest` best (score, translation) of every line, batched by length, in input order.
@@ -305,17 +295,19 @@ def translate_lines(run: Restored, lines: list[str], settings: dict, batch_size:
       raise ValueError(f'--input line {number} has {len(line_ids)} subword tokens: with its EOS and '
                        f'up to {generated} generated tokens it exceeds the model\'s max_position '
                        f'{max_position}; split the line')
-  order = sorted((row for row, line_ids in enumerate(ids) if line_ids), key=lambda row: len(ids[row]))
+  translated = [row for row, line_ids in enumerate(ids) if line_ids]  # the non-empty lines
+  source = token_ids.RaggedIds.from_lists([ids[row] for row in translated])
   variables = partitioning.replicate(run.variables, mesh)
   results = [[] for _ in lines]
-  for start in range(0, len(order), batch_size):
-    rows = order[start:start + batch_size]
-    tokens = jax.device_put(_source_batch(ids, rows, batch_size), partitioning.batch_sharded(mesh))
+  for batch in pipeline.make_source_batches(source, batch_size):
+    tokens = jax.device_put(batch['encoder_input_tokens'], partitioning.batch_sharded(mesh))
     hypotheses, scores = beam_translate(run.model, variables, tokens, **settings)  # [B, K, T], [B, K]
     hypotheses, scores = np.asarray(hypotheses), np.asarray(scores)
-    for i, row in enumerate(rows):
-      results[row] = [(float(scores[i, k]), ' '.join(run.tokenizer.decode(hypotheses[i, k]).splitlines()))
-                      for k in range(nbest)]
+    for i, index in enumerate(batch['example_index']):
+      if index >= 0:
+        results[translated[index]] = [
+            (float(scores[i, k]), ' '.join(run.tokenizer.decode(hypotheses[i, k]).splitlines()))
+            for k in range(nbest)]
   return results
 
 
@@ -378,9 +370,8 @@ def define_flags() -> None:
 def main(argv):
   del argv
   start = time.perf_counter()
-  if not flags.FLAGS['verbosity'].present:
-    # The table (or the translations) is the output; library INFO records (orbax) would bury it.
-    logging.get_absl_handler().setLevel(std_logging.WARNING)
+  # The table (or the translations) is the output; library INFO records (orbax) would bury it.
+  run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
   args = flags.FLAGS
   workdir, split, checkpoint = args.workdir, args.split, args.checkpoint
   flag_settings = {name: args[name].value for name in (

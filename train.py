@@ -10,7 +10,6 @@ The workdir receives config.json, metrics.jsonl, TensorBoard events, status.json
 
 import functools
 import json
-import logging as std_logging
 import math
 import os
 import shutil
@@ -354,7 +353,9 @@ def main(argv):
   if args.multiprocess:
     partitioning.initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
   config = checked_config_flag()
-  log_to_file(args.workdir, keep_terminal_info=args['verbosity'].present)
+  os.makedirs(args.workdir, exist_ok=True)
+  run_log.route_library_logging(os.path.join(args.workdir, 'train.log'),
+                                to_terminal=args['verbosity'].present)
   # Compiled train and eval steps are reused across restarts and sweep runs of the same shapes
   # (10-20 s per batch shape on a 2-core CPU).
   jax.config.update('jax_compilation_cache_dir', str(datasets.cache_dir(config.data) / 'xla'))
@@ -362,18 +363,6 @@ def main(argv):
     train_and_evaluate(config, args.workdir)
   except run_log.DivergenceError as error:
     raise SystemExit(f'diverged: {error}') from None
-
-
-def log_to_file(workdir: str, keep_terminal_info: bool) -> None:
-  """Library records (absl, orbax, jax; INFO and up) go to WORKDIR/train.log, appended across
-  restarts; the terminal keeps the console lines, warnings and errors (all records with
-  keep_terminal_info, i.e. an explicit --verbosity)."""
-  os.makedirs(workdir, exist_ok=True)
-  handler = std_logging.FileHandler(os.path.join(workdir, 'train.log'), encoding='utf-8')
-  handler.setFormatter(logging.PythonFormatter())
-  std_logging.getLogger().addHandler(handler)
-  if not keep_terminal_info:
-    logging.get_absl_handler().setLevel(std_logging.WARNING)
 
 
 def checked_config_flag() -> ml_collections.ConfigDict:

@@ -128,15 +128,48 @@ def make_eval_batches(data_config, tokenizer: tokenizer_lib.Tokenizer,
   """
   source, target = _split_ids(data_config, tokenizer, split)
   count = len(source) if examples is None else min(examples, len(source))
-  order = np.lexsort((target.lengths[:count], source.lengths[:count]))
   batches = []
-  for start in range(0, count, batch_size):
-    rows = np.full(batch_size, -1)
-    real = order[start:start + batch_size]
-    rows[:len(real)] = real
+  for rows in _length_grouped_rows(batch_size, source.lengths[:count],
+                                   target.lengths[:count]):
+    real = rows[rows >= 0]
     longest = max(source.lengths[real].max(), target.lengths[real].max())
     length = batching.round_up(int(longest) + 1, 8)
     batches.append(assemble(source, target, rows, length, length))
+  return batches
+
+
+def make_source_batches(source: token_ids.RaggedIds,
+                        batch_size: int) -> list[dict[str, np.ndarray]]:
+  """Sources alone (text to translate), grouped by length as make_eval_batches.
+
+  Each batch holds `encoder_input_tokens` [batch_size, S] (source + EOS,
+  0-padded, S the batch's longest rounded up to a multiple of 8) and
+  `example_index` [batch_size] (the sequence's index in `source`, -1 on
+  padding rows).
+  """
+  batches = []
+  for rows in _length_grouped_rows(batch_size, source.lengths):
+    real = rows[rows >= 0]
+    length = batching.round_up(int(source.lengths[real].max()) + 1, 8)
+    batches.append({
+        'encoder_input_tokens': _pad(source, rows, length, shift=0,
+                                     marker=tokenizer_lib.EOS_ID),
+        'example_index': rows.astype(np.int32),
+    })
+  return batches
+
+
+def _length_grouped_rows(batch_size: int,
+                         *lengths: np.ndarray) -> list[np.ndarray]:
+  """[batch_size] row ids per batch (-1 fills the last), ordered by lengths[0],
+  ties by lengths[1], ..."""
+  order = np.lexsort(lengths[::-1])
+  batches = []
+  for start in range(0, len(order), batch_size):
+    rows = np.full(batch_size, -1)
+    real = order[start:start + batch_size]
+    rows[:len(real)] = real
+    batches.append(rows)
   return batches
 
 

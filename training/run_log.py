@@ -12,6 +12,7 @@ Plus the console (a few lines and a progress bar) and the divergence check that 
 
 import datetime
 import json
+import logging
 import math
 import os
 import sys
@@ -20,6 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from absl import logging as absl_logging
 import numpy as np
 from tensorboardX import SummaryWriter
 import tqdm
@@ -130,6 +132,17 @@ def write_status(workdir: str, state: str, **fields: Any) -> None:
   except BaseException:
     os.unlink(tmp_path)
     raise
+
+
+def route_library_logging(log_file: str | None, *, to_terminal: bool) -> None:
+  """Sends library records (absl, orbax, jax; INFO and up) to `log_file` (appended, if given)
+  and keeps the terminal to warnings and errors, unless `to_terminal` (an explicit --verbosity)."""
+  if log_file is not None:
+    handler = logging.FileHandler(log_file, encoding='utf-8')
+    handler.setFormatter(absl_logging.PythonFormatter())
+    logging.getLogger().addHandler(handler)
+  if not to_terminal:
+    absl_logging.get_absl_handler().setLevel(logging.WARNING)
 
 
 class Console:
