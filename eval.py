@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 import sacrebleu
 import sacremoses
 
@@ -42,8 +41,8 @@ from data import batching, datasets, pipeline, token_ids, tokenizer as tokenizer
 from model import decoding
 from model.translate import beam_translate, translate
 from model.transformer import Transformer
-from training import averaging, partitioning, run_log, validation
-from training.checkpointing import Checkpointer
+from training import averaging, partitioning, run_dir, run_log, validation
+from training.checkpointing import Checkpointer, DamagedCheckpointError, first_mismatch
 
 # Upper ends of the source-length buckets in words; longer sources form the last bucket.
 BUCKET_ENDS = (10, 20, 30, 40)
@@ -75,9 +74,9 @@ def parse_checkpoint(spec: str) -> tuple[str, int | None]:
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The resolved config train.py saved as WORKDIR/config.json, checked."""
-  path = os.path.join(workdir, 'config.json')
+  path = run_dir.path(workdir, run_dir.CONFIG_FILE)
   if not os.path.isfile(path):
-    raise ValueError(f'no config.json in {workdir}: not a run directory of train.py')
+    raise ValueError(f'no {run_dir.CONFIG_FILE} in {workdir}: not a run directory of train.py')
   try:
     with open(path) as f:
       config = ml_collections.ConfigDict(json.load(f))
@@ -104,39 +103,36 @@ def checkpoint_steps(checkpointer: Checkpointer, kind: str, number: int | None) 
   return [step]
 
 
-def saved_structure(checkpointer: Checkpointer, step: int, mesh) -> dict:
+def restore_target(checkpointer: Checkpointer, step: int, model: Transformer, mesh) -> dict:
   """Abstract arrays of the train state saved at `step`, replicated on `mesh`, from its metadata.
 
   As a restore target it fits whatever optimizer the run used, and it lets a shape mismatch be
   found before restoring: a restore that fails part-way leaves orbax's pending reads printing
   pages of TensorStore specs.
+
+  Raises:
+    DamagedCheckpointError: the checkpoint's metadata cannot be read.
+    ValueError: the checkpoint does not fit `model`.
   """
-  # `state` is the item of the train state in Checkpointer's layout.
-  handler = ocp.StandardCheckpointHandler()
-  try:
-    metadata = handler.metadata(checkpointer.directory / str(step) / 'state')
-  finally:
-    handler.close()
   sharding = partitioning.replicated(mesh)
-  return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-                      metadata.tree)
-
-
-def first_mismatch(expected, saved) -> str | None:
-  """The first array absent from one of two pytrees or shaped differently, or None."""
-  shapes = lambda tree: {jax.tree_util.keystr(path): tuple(leaf.shape)
-                         for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
-  expected, saved = shapes(expected), shapes(saved)
-  for name in sorted(expected.keys() | saved.keys()):
-    if expected.get(name) != saved.get(name):
-      return f'{name} is {saved.get(name, "absent")} in the checkpoint, {expected.get(name, "absent")} in the model'
-  return None
+  target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                        checkpointer.saved_structure(step))
+  dummy = jnp.ones((1, 8), jnp.int32)
+  expected = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), dummy, dummy, train=False))
+  mismatch = first_mismatch(expected, train.model_variables(target['params'], target['batch_stats']))
+  if mismatch:
+    raise ValueError(f'checkpoint at {checkpointer.directory / str(step)} does not match the model of '
+                     f'{run_dir.path(os.path.dirname(checkpointer.directory), run_dir.CONFIG_FILE)}: '
+                     f'{mismatch}')
+  return target
 
 
 def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
   """Rebuilds tokenizer and model from WORKDIR/config.json and restores (or averages) variables.
 
-  Every check of the command line and of the workdir runs before the tokenizer is loaded.
+  Every check of the command line and of the workdir runs before the tokenizer is loaded. With
+  --checkpoint=last a checkpoint that cannot be read is reported on stderr in one line and the
+  next older one is used; a damaged checkpoint named any other way is refused.
 
   Raises:
     ValueError: with a one-line message, for any bad input.
@@ -148,30 +144,35 @@ def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
   # Read-only: the run may still be training, and a save of it in progress must stay.
   checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
                               save_every=config.train.checkpoint_every, read_only=True)
+  select = lambda state: train.model_variables(state['params'], state['batch_stats'])
   try:
     if not checkpointer.all_steps():
       raise ValueError(f'no checkpoint in {checkpointer.directory}: train.py has not saved one yet')
     steps = checkpoint_steps(checkpointer, kind, number)
-    tokenizer_path = os.path.join(workdir, train.TOKENIZER_FILE)
+    tokenizer_path = run_dir.path(workdir, run_dir.TOKENIZER_FILE)
     if not os.path.exists(tokenizer_path):
-      raise ValueError(f'no {train.TOKENIZER_FILE} in {workdir}: not a workdir written by train.py')
+      raise ValueError(f'no {run_dir.TOKENIZER_FILE} in {workdir}: not a workdir written by train.py')
     tokenizer = tokenizer_lib.Tokenizer(tokenizer_path)
     model = train.build_model(config, tokenizer.vocab_size)
-    dummy = jnp.ones((1, 8), jnp.int32)
-    expected = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), dummy, dummy, train=False))
-    # Checkpoints of one run share a structure: the newest one stands for all of them.
-    target = saved_structure(checkpointer, steps[-1], mesh)
-    mismatch = first_mismatch(expected, train.model_variables(target['params'], target['batch_stats']))
-    if mismatch:
-      raise ValueError(f'checkpoint at {checkpointer.directory / str(steps[-1])} does not match the model '
-                       f'of {os.path.join(workdir, "config.json")}: {mismatch}')
-    # The mean of one checkpoint is the checkpoint itself.
-    variables = averaging.load_average(
-        checkpointer, steps, target,
-        select=lambda state: train.model_variables(state['params'], state['batch_stats']))
+    # With 'last', older checkpoints stand in for a damaged newest one.
+    candidates = sorted(checkpointer.all_steps(), reverse=True) if kind == 'last' else [steps]
+    for candidate in candidates:
+      candidate_steps = candidate if isinstance(candidate, list) else [candidate]
+      try:
+        # Checkpoints of one run share a structure: the newest one stands for all of them.
+        target = restore_target(checkpointer, candidate_steps[-1], model, mesh)
+        # The mean of one checkpoint is the checkpoint itself.
+        variables = averaging.load_average(checkpointer, candidate_steps, target, select=select)
+      except DamagedCheckpointError as error:
+        if kind != 'last':
+          others = [step for step in checkpointer.all_steps() if step != error.step]
+          raise ValueError(f'{error}; other saved steps: {", ".join(map(str, others)) or "none"}') from None
+        print(f'eval.py: {error}; trying the next older checkpoint', file=sys.stderr, flush=True)
+        continue
+      return Restored(config, tokenizer, model, variables, candidate_steps)
+    raise ValueError(f'no checkpoint in {checkpointer.directory} can be restored')
   finally:
     checkpointer.close()
-  return Restored(config, tokenizer, model, variables, steps)
 
 
 def tokenize_like_references(lines: list[str], data_config) -> list[str]:

@@ -19,12 +19,51 @@ primary process for directory and metadata writes and synchronises the rest.
 
 from collections.abc import Mapping
 from typing import Any
+import shutil
+
+import jax
 
 from etils import epath
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
 PyTree = Any
+
+
+class CheckpointError(ValueError):
+  """A checkpoint cannot be used; the message is one line and names it."""
+
+
+class DamagedCheckpointError(CheckpointError):
+  """A checkpoint's files cannot be read back (truncated, missing, corrupted)."""
+
+  def __init__(self, step: int, directory: epath.Path, cause: BaseException):
+    self.step = step
+    # orbax wraps TensorStore's error (which names the file and what is wrong with it) in one
+    # whose message runs to pages of specs: report the first line of the innermost.
+    while cause.__cause__ is not None or cause.__context__ is not None:
+      cause = cause.__cause__ or cause.__context__
+    lines = str(cause).strip().splitlines()
+    reason = f'{type(cause).__name__}: {lines[0][:300] if lines else ""}'
+    super().__init__(f'checkpoint {directory / str(step)} cannot be restored ({reason})')
+
+
+def first_mismatch(expected: PyTree, saved: PyTree) -> str | None:
+  """The first array absent from one of two pytrees or shaped differently, or None.
+
+  Leaves are matched by their path of names, so a dataclass field and the dict entry orbax saves
+  it as are the same array.
+  """
+  def shapes(tree):
+    return {'/'.join(str(getattr(key, 'name', getattr(key, 'key', getattr(key, 'idx', key))))
+                     for key in path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+  expected, saved = shapes(expected), shapes(saved)
+  for name in sorted(expected.keys() | saved.keys()):
+    if expected.get(name) != saved.get(name):
+      return (f'{name} is {saved.get(name, "absent")} in the checkpoint, '
+              f'{expected.get(name, "absent")} in the model')
+  return None
 
 
 class Checkpointer:
@@ -133,6 +172,21 @@ class Checkpointer:
         force=force,
     )
 
+  def saved_structure(self, step: int) -> PyTree:
+    """The state saved at `step` as a pytree of array metadata (`.shape`, `.dtype`), no data read.
+
+    Raises:
+      DamagedCheckpointError: the metadata cannot be read.
+    """
+    self._manager.wait_until_finished()
+    handler = ocp.StandardCheckpointHandler()
+    try:
+      return handler.metadata(self.directory / str(step) / 'state').tree
+    except Exception as error:  # orbax and TensorStore raise many kinds
+      raise DamagedCheckpointError(step, self.directory, error) from error
+    finally:
+      handler.close()
+
   def restore(self, step: int, target: PyTree) -> tuple[PyTree, dict[str, Any]]:
     """Restores the checkpoint at `step`.
 
@@ -144,15 +198,66 @@ class Checkpointer:
 
     Returns:
       `(state, extra)`.
+
+    Raises:
+      CheckpointError: the checkpoint holds other arrays than `target`.
+      DamagedCheckpointError: its files cannot be read.
     """
-    # A save of this step may still be writing in the background.
-    self._manager.wait_until_finished()
-    restored = self._manager.restore(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), extra=ocp.args.JsonRestore()),
-    )
+    mismatch = first_mismatch(target, self.saved_structure(step))
+    if mismatch:
+      raise CheckpointError(f'checkpoint {self.directory / str(step)} does not fit the model: '
+                            f'{mismatch}')
+    try:
+      restored = self._manager.restore(
+          step,
+          args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(target), extra=ocp.args.JsonRestore()),
+      )
+    except Exception as error:  # orbax and TensorStore raise many kinds
+      raise DamagedCheckpointError(step, self.directory, error) from error
     return restored.state, restored.extra
+
+  def restore_newest_intact(
+      self, target: PyTree, steps: list[int] | None = None, *, on_damaged=None
+  ) -> tuple[int, PyTree, dict[str, Any]]:
+    """Restores the newest of `steps` (default: all saved) that reads back intact.
+
+    Args:
+      target: As for `restore`.
+      steps: Candidates; newest is tried first.
+      on_damaged: Called with each DamagedCheckpointError passed over (to report it).
+
+    Returns:
+      `(step, state, extra)`.
+
+    Raises:
+      CheckpointError: every candidate is damaged, or one does not fit `target` (a
+        different model: falling back to an older checkpoint would not help).
+    """
+    candidates = sorted(self.all_steps() if steps is None else steps, reverse=True)
+    damaged = []
+    for step in candidates:
+      try:
+        state, extra = self.restore(step, target)
+      except DamagedCheckpointError as error:
+        damaged.append(step)
+        if on_damaged is not None:
+          on_damaged(error)
+        continue
+      return step, state, extra
+    raise CheckpointError(f'no checkpoint in {self.directory} can be restored (steps '
+                          f'{", ".join(map(str, damaged)) or "none"} are damaged)')
+
+  def set_aside(self, step: int) -> epath.Path:
+    """Moves a damaged checkpoint to WORKDIR/damaged_checkpoints/STEP (kept for inspection), so
+    that the run can save that step again; returns where it went. Call on process 0 only."""
+    aside = self.directory.parent / 'damaged_checkpoints' / str(step)
+    if aside.exists():
+      aside = aside.parent / f'{step}-{len(list(aside.parent.iterdir()))}'
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(self.directory / str(step)), str(aside))
+    self._manager.reload()
+    return aside
 
   def latest_step(self) -> int | None:
     """The newest saved step, or None when there is none (a fresh run)."""
