@@ -8,11 +8,12 @@ Re-running the same command on an existing workdir resumes from its latest check
 The workdir receives config.json, metrics.jsonl, TensorBoard events, status.json and checkpoints/.
 """
 
+import contextlib
 import functools
-import json
 import math
 import os
 import shutil
+import sys
 import time
 from typing import Any
 
@@ -30,7 +31,7 @@ from data import datasets, pipeline, tokenizer as tokenizer_lib
 from model import flops as flops_lib, losses
 from model.config import ModelConfig
 from model.transformer import Transformer
-from training import partitioning, run_log, validation
+from training import checkpointing, partitioning, run_dir, run_log, stop_signals, validation
 from training.checkpointing import Checkpointer
 from training.evaluation import Evaluator
 from training.optimizer import make_optimizer
@@ -97,22 +98,6 @@ def eval_step(state: TrainState, batch: dict, *, model: Transformer) -> dict:
   return losses.weighted_sums(logits, batch['decoder_target_tokens'], batch['decoder_target_weights'])
 
 
-def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  path = os.path.join(workdir, 'config.json')
-  resolved = json.loads(config.to_json_best_effort())
-  if os.path.exists(path):
-    with open(path) as f:
-      previous = json.load(f)
-    if previous != resolved:
-      logging.warning('config differs from the one %s was started with; continuing with the new one', path)
-  with open(path + '.tmp', 'w') as f:
-    json.dump(resolved, f, indent=2, sort_keys=True)
-  os.replace(path + '.tmp', path)
-
-
-TOKENIZER_FILE = 'tokenizer.model'
-
-
 def load_run_tokenizer(workdir: str, data_config) -> tokenizer_lib.Tokenizer:
   """The run's own vocabulary: WORKDIR/tokenizer.model, copied there from the cache on first start.
 
@@ -120,7 +105,7 @@ def load_run_tokenizer(workdir: str, data_config) -> tokenizer_lib.Tokenizer:
   been cleared or rebuilt. Process 0 prepares data and tokenizer first, so processes sharing a
   cache never race.
   """
-  path = os.path.join(workdir, TOKENIZER_FILE)
+  path = run_dir.path(workdir, run_dir.TOKENIZER_FILE)
   if jax.process_index() == 0 and not os.path.exists(path):
     cached = tokenizer_lib.get_tokenizer(data_config)
     shutil.copyfile(cached.model_path, path + '.tmp')
@@ -133,6 +118,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        stop_after_steps: int | None = None) -> TrainState:
   """Trains to config.train.num_steps (or num_epochs), resuming from `workdir` if it has checkpoints.
 
+  Before anything is written: the config is checked, the run folder locked (one process group
+  trains a run at a time) and, on resume, the config compared with the run's config.json.
+
   Args:
     config: the full experiment config (configs/base.py fields).
     workdir: run directory.
@@ -141,15 +129,55 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   Returns:
     The final train state.
+
+  Raises:
+    ValueError: a bad config field (one line).
+    run_dir.RunFolderError: the folder is locked by another run, or holds a run of another config.
+    checkpointing.CheckpointError: no checkpoint of the run can be restored.
+    run_log.DivergenceError: the run diverged (status.json says so).
+    stop_signals.RunStopped: SIGTERM or SIGINT stopped the run after saving (status `stopped`).
   """
-  run_start = time.perf_counter()
   validation.check_config(config)
-  is_primary = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
+  with claim_run_folder(workdir):
+    changes = run_dir.check_resume(workdir, config)
+    return _train(config, workdir, changes, stop_after_steps)
+
+
+@contextlib.contextmanager
+def claim_run_folder(workdir: str):
+  """Holds `workdir`'s RunLock for the block: taken by process 0, honoured by every process."""
+  lock = run_dir.RunLock(workdir)
+  refusal = None
+  if jax.process_index() == 0:
+    try:
+      lock.acquire()
+    except run_dir.RunFolderError as error:
+      refusal = error
+  if jax.process_count() > 1:
+    if not multihost_utils.broadcast_one_to_all(np.int32(refusal is None)):
+      raise refusal or run_dir.RunFolderError(f'{workdir} is being trained by another run '
+                                              '(process 0 could not lock it)')
+  elif refusal is not None:
+    raise refusal
+  try:
+    yield
+  finally:
+    lock.release()
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict,
+           stop_after_steps: int | None) -> TrainState:
+  """train_and_evaluate's work once the folder is claimed and the config accepted."""
+  run_start = time.perf_counter()
+  is_primary = jax.process_index() == 0
   console = run_log.Console() if is_primary else None
   say = console.line if console else lambda text: None
   if is_primary:
-    _write_config(config, workdir)
+    for name, (old, new) in changes.items():
+      if old is not None:  # not a field added to the code since the run started
+        say(f'{name} changed from {old!r} to {new!r} since this run started')
+    run_dir.write_config(workdir, config)
     logging.info('config:\n%s', config)
 
   say('preparing data and tokenizer (minutes on a dataset\'s first use, then cached)')
@@ -167,11 +195,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   state = partitioning.replicate(state, mesh)
   checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
                               save_every=config.train.checkpoint_every)
-  latest = checkpointer.latest_step()
-  if latest is not None:
-    state, extra = checkpointer.restore(latest, state)
+  latest = None
+  if checkpointer.all_steps():
+    latest, state, extra = checkpointer.restore_newest_intact(
+        state, on_damaged=lambda error: say(f'{error}; trying the next older checkpoint'))
     train_iter.set_state(extra['data_iterator'])
     logging.info('resumed from step %d', latest)
+    # Newer checkpoints failed to restore: kept aside, so this run can save those steps anew.
+    for damaged in [step for step in checkpointer.all_steps() if step > latest]:
+      aside = checkpointer.set_aside(damaged) if is_primary else None
+      say(f'moved the damaged checkpoint of step {damaged} to {aside}')
+    multihost_utils.sync_global_devices('damaged checkpoints set aside')
 
   dropout_key = jax.random.PRNGKey(config.train.seed + 1)
   jit_train_step = jax.jit(
@@ -187,6 +221,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   say(describe_data(config.data, train_iter, tokenizer))
   say(describe_model(model, state.params, total_steps, latest))
   earlier_evals = [record for record in writer.previous_records if 'eval_loss' in record]
+  loss_watch = run_log.LossWatch(
+      ceiling=config.train.divergence_loss_ceiling, growth=config.train.divergence_growth,
+      lowest=min((record['train_loss'] for record in writer.previous_records if 'train_loss' in record),
+                 default=math.inf))
+  last_saved = latest or 0
   best = {'eval_loss': min((record['eval_loss'] for record in earlier_evals), default=math.inf),
           'bleu': max((record['bleu'] for record in earlier_evals), default=-math.inf)}
   if is_primary:
@@ -222,6 +261,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     checkpointer.save(at_step, state, {'data_iterator': train_iter.get_state(), 'epoch': epoch},
                       metrics=metrics, force=force)
 
+  # From here on SIGTERM and SIGINT stop the run at the end of a step (before, they end it at once).
+  signals = stop_signals.StopSignals(multiprocess=jax.process_count() > 1)
+  signals.install()
   try:
     steps_this_run = 0
     while step < total_steps:
@@ -259,6 +301,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
             'compile_seconds': float(sum(compile_seconds.values())),
         }
         writer.write(step, record)
+        loss_watch.check(step, record['train_loss'])
         if console:
           console.update(step, epoch=epoch, loss=record['train_loss'], lr=record['learning_rate'],
                          tok_s=record['tokens_per_sec'])
@@ -276,11 +319,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       if step % config.train.checkpoint_every == 0 or at_end:
         settle()
         save(step, {'val_loss': eval_metrics['eval_loss']} if eval_metrics else None, force=at_end)
+        last_saved = step
       # Evaluation and saving are not training: keep them out of tokens_per_sec.
       window_start += time.perf_counter() - pause_start
       if stop_after_steps is not None and steps_this_run >= stop_after_steps:
         checkpointer.wait_until_finished()
         return state
+      signum = signals.requested(step)
+      if signum is not None and not at_end:
+        settle()
+        due = config.train.save_on_stop_after and step - last_saved >= config.train.save_on_stop_after
+        if due:
+          save(step, force=True)
+        checkpointer.wait_until_finished()
+        raise stop_signals.RunStopped(signum, step, saved=bool(due))
     settle()
     if step % steps_per_epoch == 0:
       record_epoch_time()
@@ -289,11 +341,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     if is_primary:
       run_log.write_status(workdir, 'diverged', step=error.step, message=str(error))
     raise
+  except stop_signals.RunStopped as stopped:
+    if is_primary:
+      run_log.write_status(workdir, 'stopped', step=stopped.step, message=str(stopped))
+    raise
   except BaseException as error:
     if is_primary:
       run_log.write_status(workdir, 'failed', step=step, message=f'{type(error).__name__}: {error}')
     raise
   finally:
+    signals.uninstall()
     checkpointer.close()
     writer.close()
     if console:
@@ -354,7 +411,7 @@ def main(argv):
     partitioning.initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
   config = checked_config_flag()
   os.makedirs(args.workdir, exist_ok=True)
-  run_log.route_library_logging(os.path.join(args.workdir, 'train.log'),
+  run_log.route_library_logging(run_dir.path(args.workdir, run_dir.LOG_FILE),
                                 to_terminal=args['verbosity'].present)
   # Compiled train and eval steps are reused across restarts and sweep runs of the same shapes
   # (10-20 s per batch shape on a 2-core CPU).
@@ -363,6 +420,15 @@ def main(argv):
     train_and_evaluate(config, args.workdir)
   except run_log.DivergenceError as error:
     raise SystemExit(f'diverged: {error}') from None
+  except stop_signals.RunStopped as stopped:
+    print(stopped, file=sys.stderr, flush=True)
+    sys.exit(stopped.exit_code)
+  except (run_dir.RunFolderError, checkpointing.CheckpointError) as error:
+    raise SystemExit(str(error)) from None
+  except KeyboardInterrupt:
+    # Ctrl-C before training started (while preparing data or compiling): nothing to save.
+    print('interrupted before training started', file=sys.stderr, flush=True)
+    sys.exit(130)
 
 
 def checked_config_flag() -> ml_collections.ConfigDict:

@@ -133,6 +133,12 @@ def get_config() -> ml_collections.ConfigDict:
   train.keep_checkpoints = 5
   # Label smoothing of the cross entropy (0 disables).
   train.label_smoothing = 0.1
+  # On SIGTERM/SIGINT, save a checkpoint if at least this many steps ran since the last one (0: never).
+  train.save_on_stop_after = 1
+  # Diverged when a logged window's mean training loss exceeds this (0 disables); NaN/inf always stop.
+  train.divergence_loss_ceiling = 100.0
+  # Diverged when a logged window's mean training loss exceeds this multiple of the lowest one (0 disables).
+  train.divergence_growth = 5.0
 
   evaluation = config.eval = ml_collections.ConfigDict()
   # Beam width of eval.py decoding (1 is greedy).

@@ -26,7 +26,10 @@ import numpy as np
 from tensorboardX import SummaryWriter
 import tqdm
 
-STATES = ('running', 'finished', 'failed', 'diverged')
+from training import run_dir
+
+# 'stopped': ended by SIGTERM or SIGINT after saving; a re-run resumes it.
+STATES = ('running', 'finished', 'stopped', 'failed', 'diverged')
 
 
 def _to_python(value: Any) -> int | float | bool:
@@ -77,7 +80,7 @@ class MetricsWriter:
     self.previous_records: list[dict] = []
     if is_primary:
       os.makedirs(workdir, exist_ok=True)
-      path = os.path.join(workdir, 'metrics.jsonl')
+      path = run_dir.path(workdir, run_dir.METRICS_FILE)
       self.previous_records = _truncate_after(path, start_step)
       self._jsonl = open(path, 'a', encoding='utf-8')
       # TensorBoard hides this file's and earlier files' events from purge_step on.
@@ -128,7 +131,7 @@ def write_status(workdir: str, state: str, **fields: Any) -> None:
   try:
     with os.fdopen(fd, 'w', encoding='utf-8') as f:
       json.dump(status, f, indent=2)
-    os.replace(tmp_path, os.path.join(workdir, 'status.json'))
+    os.replace(tmp_path, run_dir.path(workdir, run_dir.STATUS_FILE))
   except BaseException:
     os.unlink(tmp_path)
     raise
@@ -143,6 +146,18 @@ def route_library_logging(log_file: str | None, *, to_terminal: bool) -> None:
     logging.getLogger().addHandler(handler)
   if not to_terminal:
     absl_logging.get_absl_handler().setLevel(logging.WARNING)
+    # orbax's reads of a damaged checkpoint (which the caller falls back from) end as asyncio
+    # "exception was never retrieved" errors of hundreds of lines: the log file has them.
+    absl_logging.get_absl_handler().addFilter(lambda record: record.name != 'asyncio')
+    # orbax warns at every save without validation metrics (a stop's save, a checkpoint_every
+    # step that is not an eval_every one); such checkpoints are kept while among the latest.
+    absl_logging.get_absl_handler().addFilter(
+        lambda record: not str(record.msg).startswith('Requested `tracked_metric`'))
+  # A checkpoint read that failed (and was fallen back from) leaves orbax coroutines that Python
+  # reports at garbage collection with a traceback each: log them instead of printing them.
+  sys.unraisablehook = lambda unraisable: logging.info(
+      'ignored %s in %r: %s', type(unraisable.exc_value).__name__, unraisable.object,
+      unraisable.exc_value)
 
 
 class Console:
@@ -215,14 +230,13 @@ class Console:
 
 
 class DivergenceError(RuntimeError):
-  """Loss or gradient norm became NaN or infinite."""
+  """The loss or gradient norm became NaN or infinite, or the loss blew up."""
 
-  def __init__(self, step: int, loss: float, grad_norm: float):
-    self.step, self.loss, self.grad_norm = step, loss, grad_norm
+  def __init__(self, step: int, what: str):
+    self.step = step
     super().__init__(
-        f'Training diverged at step {step}: loss={loss}, grad_norm={grad_norm}'
-        ' (must be finite). Lower the learning rate, lengthen the warmup or set'
-        ' config.optim.clip_norm.')
+        f'Training diverged at step {step}: {what}. Lower the learning rate, lengthen the warmup '
+        'or set config.optim.clip_norm.')
 
 
 def check_finite(step: int, loss: Any, grad_norm: Any) -> None:
@@ -238,4 +252,28 @@ def check_finite(step: int, loss: Any, grad_norm: Any) -> None:
   """
   loss, grad_norm = float(loss), float(grad_norm)
   if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-    raise DivergenceError(int(step), loss, grad_norm)
+    raise DivergenceError(int(step), f'loss={loss}, grad_norm={grad_norm} (must be finite)')
+
+
+class LossWatch:
+  """Stops a run whose loss explodes while staying finite (lr 1e4: 7.4 -> 2.7e9 in a few steps).
+
+  Fed the mean training loss of each logged window, it raises DivergenceError when that mean is
+  above `ceiling`, or above `growth` times the lowest window mean seen so far. A healthy run's
+  window means wander by tens of percent, well under the default growth of 5; a loss 5x its best
+  is above the uniform guess's log(vocab) for any run that had learned anything.
+  """
+
+  def __init__(self, *, ceiling: float, growth: float, lowest: float = math.inf):
+    """Args: ceiling: 0 disables; growth: 0 disables; lowest: from an earlier invocation."""
+    self._ceiling, self._growth, self.lowest = ceiling, growth, lowest
+
+  def check(self, step: int, window_loss: float) -> None:
+    if self._ceiling and window_loss > self._ceiling:
+      raise DivergenceError(step, f'mean training loss {window_loss:.4g} of the last records is '
+                            f'above config.train.divergence_loss_ceiling={self._ceiling:g}')
+    if self._growth and window_loss > self._growth * self.lowest:
+      raise DivergenceError(step, f'mean training loss {window_loss:.4g} of the last records is '
+                            f'{window_loss / self.lowest:.3g}x its lowest, {self.lowest:.4g} '
+                            f'(config.train.divergence_growth={self._growth:g})')
+    self.lowest = min(self.lowest, window_loss)

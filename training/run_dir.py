@@ -1,0 +1,161 @@
+"""The run directory train.py fills: what is in it, who may write it, and which config it belongs to.
+
+WORKDIR/config.json        the resolved config the run was started with (see `check_resume`)
+WORKDIR/tokenizer.model    the run's own vocabulary, copied from the data cache on first start
+WORKDIR/metrics.jsonl      metric records (training/run_log.py)
+WORKDIR/status.json        running, finished, stopped, failed or diverged (training/run_log.py)
+WORKDIR/checkpoints/       orbax checkpoints (training/checkpointing.py)
+WORKDIR/damaged_checkpoints/  checkpoints that failed to restore, moved aside by train.py
+WORKDIR/train.log          library logging
+WORKDIR/run.lock           who is training the run now (`RunLock`)
+"""
+
+import datetime
+import fcntl
+import json
+import os
+import socket
+from typing import Any
+
+import ml_collections
+
+CONFIG_FILE = 'config.json'
+TOKENIZER_FILE = 'tokenizer.model'
+METRICS_FILE = 'metrics.jsonl'
+STATUS_FILE = 'status.json'
+CHECKPOINT_DIR = 'checkpoints'
+DAMAGED_CHECKPOINT_DIR = 'damaged_checkpoints'
+LOG_FILE = 'train.log'
+LOCK_FILE = 'run.lock'
+
+# Fields a resumed run may change: how long it trains, how often it logs, evaluates and saves, the
+# learning-rate schedule, and evaluation settings. Every other field changes the parameters, the
+# optimizer state, the tokenizer, the data or the dropout stream, so resuming with another value
+# would fail in orbax or, worse, silently mix two experiments.
+RESUMABLE_FIELDS = frozenset({
+    'train.num_steps', 'train.num_epochs', 'train.log_every', 'train.eval_every',
+    'train.checkpoint_every', 'train.keep_checkpoints', 'train.save_on_stop_after',
+    'train.divergence_loss_ceiling', 'train.divergence_growth',
+    'optim.learning_rate', 'optim.schedule', 'optim.warmup_steps', 'optim.decay_epochs',
+    'optim.decay_factor',
+    'data.cache_dir', 'data.num_workers', 'data.eval_split', 'data.eval_batch_size',
+    'data.eval_examples',
+    'eval.beam_size', 'eval.length_penalty',
+})
+
+
+class RunFolderError(ValueError):
+  """The run directory cannot be used by this invocation; the message is one line."""
+
+
+def path(workdir: str, name: str) -> str:
+  """WORKDIR/name, for the names above."""
+  return os.path.join(workdir, name)
+
+
+def resolved_config(config: ml_collections.ConfigDict) -> dict:
+  """The config as config.json stores it (tuples become lists)."""
+  return json.loads(config.to_json_best_effort())
+
+
+def read_config(workdir: str) -> dict | None:
+  """WORKDIR/config.json, or None before the run's first start."""
+  try:
+    with open(path(workdir, CONFIG_FILE), encoding='utf-8') as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return None
+
+
+def _flatten(tree: dict, prefix: str = '') -> dict[str, Any]:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f'{prefix}{key}.'))
+    else:
+      flat[f'{prefix}{key}'] = value
+  return flat
+
+
+def config_changes(previous: dict, new: dict) -> dict[str, tuple[Any, Any]]:
+  """Field -> (previous value, new value) of every field that differs (absent reads as None)."""
+  before, after = _flatten(previous), _flatten(new)
+  return {name: (before.get(name), after.get(name)) for name in sorted(before.keys() | after.keys())
+          if before.get(name) != after.get(name)}
+
+
+def check_resume(workdir: str, config: ml_collections.ConfigDict) -> dict[str, tuple[Any, Any]]:
+  """Refuses a config that cannot continue the run in `workdir`; returns the allowed changes.
+
+  Decided from config.json alone, before anything is written or built. Fields absent from
+  config.json (added to configs/base.py after the run started) are accepted.
+
+  Raises:
+    RunFolderError: naming each field outside RESUMABLE_FIELDS that differs, with both values.
+  """
+  previous = read_config(workdir)
+  if previous is None:
+    return {}
+  changes = config_changes(previous, resolved_config(config))
+  # A field the run's config.json lacks was added to the code since; the run had its default.
+  refused = {name: (old, new) for name, (old, new) in changes.items()
+             if name not in RESUMABLE_FIELDS and old is not None}
+  if refused:
+    listed = '; '.join(f'{name}: {old!r} in the run, {new!r} now' for name, (old, new) in refused.items())
+    raise RunFolderError(f'{workdir} was started with another config and cannot resume with this one '
+                         f'({listed}); use a new --workdir, or the run\'s own values')
+  return changes
+
+
+def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Replaces WORKDIR/config.json atomically (after `check_resume` accepted the config)."""
+  target = path(workdir, CONFIG_FILE)
+  with open(target + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump(resolved_config(config), f, indent=2, sort_keys=True)
+  os.replace(target + '.tmp', target)
+
+
+class RunLock:
+  """An exclusive claim on a run directory, held while one process trains it.
+
+  An advisory `flock` on WORKDIR/run.lock: the kernel drops it when the holder exits, however it
+  exits (kill -9 included), so a lock file left by a dead process is stale by construction and
+  the next run simply takes it over. The file records the holder (host, pid, start time) for the
+  refusal message. flock works across the processes of one host and, on Linux NFS, across hosts.
+  """
+
+  def __init__(self, workdir: str):
+    self._path = path(workdir, LOCK_FILE)
+    self._file = None
+
+  def acquire(self) -> None:
+    """Takes the lock or raises RunFolderError naming its holder."""
+    # 'a+' neither truncates the holder's record nor fails when the file exists.
+    lock_file = open(self._path, 'a+', encoding='utf-8')
+    try:
+      fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      lock_file.seek(0)
+      holder = lock_file.read().strip() or 'another process'
+      lock_file.close()
+      raise RunFolderError(f'{os.path.dirname(self._path) or "."} is being trained by {holder} '
+                           f'(lock {self._path}); wait for it to end or stop it') from None
+    lock_file.seek(0)
+    lock_file.truncate()
+    started = datetime.datetime.now().astimezone().isoformat(timespec='seconds')
+    lock_file.write(f'pid {os.getpid()} on {socket.gethostname()} since {started}\n')
+    lock_file.flush()
+    self._file = lock_file
+
+  def release(self) -> None:
+    if self._file is not None:
+      fcntl.flock(self._file, fcntl.LOCK_UN)
+      self._file.close()
+      self._file = None
+
+  def __enter__(self) -> 'RunLock':
+    self.acquire()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.release()
