@@ -27,7 +27,7 @@ import optax
 from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
-from data import datasets, pipeline, tokenizer as tokenizer_lib
+from data import datasets, pipeline, sources, tokenizer as tokenizer_lib
 from model import flops as flops_lib, losses
 from model.config import ModelConfig
 from model.transformer import Transformer
@@ -141,6 +141,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   os.makedirs(workdir, exist_ok=True)
   with claim_run_folder(workdir):
     changes = run_dir.check_resume(workdir, config)
+    run_dir.check_source(workdir, datasets.source_fingerprint(config.data))
     return _train(config, workdir, changes, stop_after_steps)
 
 
@@ -178,6 +179,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict,
       if old is not None:  # not a field added to the code since the run started
         say(f'{name} changed from {old!r} to {new!r} since this run started')
     run_dir.write_config(workdir, config)
+    run_dir.write_source(workdir, datasets.source_fingerprint(config.data))
     logging.info('config:\n%s', config)
 
   say('preparing data and tokenizer (minutes on a dataset\'s first use, then cached)')
@@ -423,7 +425,7 @@ def main(argv):
   except stop_signals.RunStopped as stopped:
     print(stopped, file=sys.stderr, flush=True)
     sys.exit(stopped.exit_code)
-  except (run_dir.RunFolderError, checkpointing.CheckpointError) as error:
+  except (run_dir.RunFolderError, checkpointing.CheckpointError, sources.SourceError) as error:
     raise SystemExit(str(error)) from None
   except KeyboardInterrupt:
     # Ctrl-C before training started (while preparing data or compiling): nothing to save.

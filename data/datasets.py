@@ -1,13 +1,18 @@
 """Dataset names, splits, and the prepared TFDS data behind them.
 
-Prepared data lives under `<cache_dir>/tfds` (cache_dir from config.data, by
-default ~/.cache/seq2seq_lab): the first use reads and checks the raw files and
-writes ArrayRecord files, later uses only read them.
+Prepared data lives under `<cache_dir>/tfds/<source fingerprint>` (cache_dir from
+config.data, by default ~/.cache/seq2seq_lab): the first use reads and checks the
+raw files and writes ArrayRecord files, later uses only read them. The fingerprint
+(`source_fingerprint`) covers every raw file's name, size and modification time, so
+other or edited raw files are prepared afresh instead of meeting stale data; the
+tokenizer and token-id caches carry it too.
 """
 
 import contextlib
 import functools
+import hashlib
 import io
+import json
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -18,6 +23,7 @@ from tensorflow_datasets.proto import tf_example_pb2
 from data import builder
 from data import iwslt14
 from data import multi30k
+from data import sources
 
 # config.data.dataset -> builder class.
 BUILDERS = {'multi30k': multi30k.Multi30k, 'iwslt14': iwslt14.Iwslt14}
@@ -35,6 +41,26 @@ class SplitText(NamedTuple):
 def cache_dir(data_config) -> Path:
   """Root of prepared datasets, tokenizers and token ids."""
   return Path(data_config.cache_dir or DEFAULT_CACHE_DIR).expanduser()
+
+
+def source_fingerprint(data_config) -> str:
+  """12 hex digits identifying the raw files prepared data is made from.
+
+  A hash of the dataset, builder config and builder version and, for every file under the
+  source folder, its relative name, size and modification time (a download, which has no
+  folder before it runs, is 'download'). Stat calls only: cheap enough for every start.
+
+  Raises:
+    sources.MissingSourceError: config.data.source_dir names a folder that does not exist.
+  """
+  cls = builder_class(data_config.dataset)
+  folder = sources.resolve_source_dir(data_config.source_dir, data_config.dataset)
+  files = 'download'
+  if folder is not None:
+    files = sorted((str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns)
+                   for path in folder.rglob('*') if path.is_file())
+  key = [data_config.dataset, data_config.dataset_config, str(cls.VERSION), files]
+  return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
 
 
 def builder_class(dataset: str) -> type[builder.ParallelTextBuilder]:
@@ -78,10 +104,11 @@ def get_builder(data_config, splits: Sequence[str] | None = None):
     raise ValueError(f'Unknown {data_config.dataset} dataset_config '
                      f'{data_config.dataset_config!r}; valid: {", ".join(configs)}')
   root = cache_dir(data_config)
+  fingerprint = source_fingerprint(data_config)
   # A partial preparation lives apart so it never stands in for the full data.
-  data_dir = root / 'tfds'
+  data_dir = root / 'tfds' / fingerprint
   if splits is not None:
-    data_dir = root / 'tfds_partial' / '+'.join(sorted(splits))
+    data_dir = root / 'tfds_partial' / fingerprint / '+'.join(sorted(splits))
   dataset_builder = cls(
       config=data_config.dataset_config, data_dir=str(data_dir),
       source_dir=data_config.source_dir, download_dir=str(root / 'downloads'),
@@ -116,7 +143,7 @@ def load_examples(data_config, split: str) -> dict[str, list[str]]:
   check_split(data_config.dataset, split)
   return _load_examples(str(cache_dir(data_config)), data_config.dataset,
                         data_config.dataset_config, data_config.source_dir,
-                        split)
+                        source_fingerprint(data_config), split)
 
 
 def load_split_text(data_config, split: str) -> SplitText:
@@ -128,8 +155,9 @@ def load_split_text(data_config, split: str) -> SplitText:
 
 
 @functools.lru_cache(maxsize=16)
-def _load_examples(root: str, dataset: str, dataset_config: str,
-                   source_dir: str, split: str) -> dict[str, list[str]]:
+def _load_examples(root: str, dataset: str, dataset_config: str, source_dir: str,
+                   fingerprint: str, split: str) -> dict[str, list[str]]:
+  del fingerprint  # Part of the memo's key only: edited raw files are read afresh.
   data_config = _DataConfigKey(dataset, dataset_config, source_dir, root)
   # Records are the tf.train.Example protos TFDS stores; parsing them with the
   # proto class TFDS ships is ~5x faster than its generic per-feature decoding

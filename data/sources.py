@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 import urllib.request
+import zlib
 
 from absl import logging
 
@@ -108,10 +109,19 @@ def decode_lines(data: bytes, label: str) -> list[str]:
 
 
 def read_lines(path: Path) -> list[str]:
-  """Reads a text file, gzipped when its name ends in .gz (see decode_lines)."""
+  """Reads a text file, gzipped when its name ends in .gz (see decode_lines).
+
+  Raises:
+    SourceError: naming the file, when it is not valid gzip (truncated, corrupted).
+  """
   opener = gzip.open if path.suffix == '.gz' else open
-  with opener(path, 'rb') as f:
-    return decode_lines(f.read(), str(path))
+  try:
+    with opener(path, 'rb') as f:
+      data = f.read()
+  except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+    raise SourceError(f'{path} is not a complete gzip file ({type(error).__name__}: {error}); '
+                      'download or copy it again') from None
+  return decode_lines(data, str(path))
 
 
 def check_parallel(columns: Mapping[str, list[str]], *,

@@ -2,8 +2,8 @@
 
 Tokenizing is done here once per split, so the per-batch work of the pipeline
 is numpy indexing only. The cache lives at
-`<cache_dir>/token_ids/<dataset>-<dataset_config>-<tokenizer fingerprint>/<split>.npz`,
-so a retrained vocabulary never meets stale ids.
+`<cache_dir>/token_ids/<dataset>-<dataset_config>-<source fingerprint>-<tokenizer
+fingerprint>/<split>.npz`, so neither edited raw files nor a retrained vocabulary meets stale ids.
 """
 
 import dataclasses
@@ -46,7 +46,7 @@ def load(data_config, tokenizer: tokenizer_lib.Tokenizer,
   datasets.check_split(data_config.dataset, split)
   folder = (datasets.cache_dir(data_config) / 'token_ids' /
             f'{data_config.dataset}-{data_config.dataset_config}-'
-            f'{tokenizer.fingerprint}')
+            f'{datasets.source_fingerprint(data_config)}-{tokenizer.fingerprint}')
   path = folder / f'{split}.npz'
   if not path.exists():
     examples = datasets.load_examples(data_config, split)

@@ -1,8 +1,8 @@
 """Joint sentencepiece vocabulary over both languages of a dataset.
 
 The model is trained on the training split of both languages once per
-(dataset, dataset_config, vocab_type, vocab_size) and cached as
-`<cache_dir>/tokenizers/<dataset>-<dataset_config>-<vocab_type>-<vocab_size>.model`.
+(dataset, dataset_config, raw files, vocab_type, vocab_size) and cached as
+`<cache_dir>/tokenizers/<dataset>-<dataset_config>-<source fingerprint>-<vocab_type>-<vocab_size>.model`.
 Options are chosen so that `decode(encode(text)) == text`: no normalisation,
 whitespace kept as is, and byte fallback instead of an unknown token.
 """
@@ -65,6 +65,7 @@ class Tokenizer:
 def tokenizer_path(data_config) -> Path:
   """Where the tokenizer of `data_config` is (or will be) cached."""
   name = (f'{data_config.dataset}-{data_config.dataset_config}-'
+          f'{datasets.source_fingerprint(data_config)}-'
           f'{data_config.vocab_type}-{data_config.vocab_size}.model')
   return datasets.cache_dir(data_config) / 'tokenizers' / name
 

@@ -122,3 +122,29 @@ def test_languages_must_be_the_pair():
   with pytest.raises(ValueError, match="must be the two languages"):
     datasets.language_pair(config)
 
+
+
+def test_truncated_gzip_names_the_file(tmp_path):
+  source = data_fixtures.write_multi30k(tmp_path / 'multi30k', lines_per_split=200)
+  path = source / 'raw' / 'train.de.gz'
+  path.write_bytes(path.read_bytes()[:-40])
+  message = _prepare_error(tmp_path, source, sources.SourceError)
+  assert str(path) in message and 'not a complete gzip file' in message
+
+
+def test_edited_or_other_source_files_are_prepared_afresh(tmp_path):
+  """Prepared data, tokenizers and token ids are keyed by the raw files, never reused stale."""
+  source = data_fixtures.write_multi30k(tmp_path / 'multi30k')
+  config = data_fixtures.data_config(source_dir=str(source), cache_dir=str(tmp_path / 'cache'))
+  assert datasets.load_examples(config, 'validation')['en'][0] == 'En Validation Sentence 0 .'
+  before = datasets.source_fingerprint(config)
+
+  _rewrite(source / 'raw' / 'val.en.gz', b'An edited line .\nTwo .\nThree .\n')
+  assert datasets.source_fingerprint(config) != before
+  assert datasets.load_examples(config, 'validation')['en'] == ['An edited line .', 'Two .', 'Three .']
+
+  other = data_fixtures.write_multi30k(tmp_path / 'other')
+  _rewrite(other / 'raw' / 'train.en.gz', b'one\ntwo\nthree\nfour\n')
+  config.source_dir = str(other)
+  with pytest.raises(sources.SourceError, match='train.en.gz has 4 lines'):
+    datasets.load_examples(config, 'train')

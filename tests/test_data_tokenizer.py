@@ -61,7 +61,8 @@ def test_special_ids(multi30k_tokenizer):
 def test_tokenizer_is_cached_by_its_settings(multi30k_config,
                                              multi30k_tokenizer):
   path = tokenizer_lib.tokenizer_path(multi30k_config)
-  assert path.name == 'multi30k-original-bpe-1000.model'
+  fingerprint = datasets.source_fingerprint(multi30k_config)
+  assert path.name == f'multi30k-original-{fingerprint}-bpe-1000.model'
   assert multi30k_tokenizer.model_path == path
   modified = path.stat().st_mtime_ns
   again = tokenizer_lib.get_tokenizer(multi30k_config)

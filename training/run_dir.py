@@ -1,6 +1,7 @@
 """The run directory train.py fills: what is in it, who may write it, and which config it belongs to.
 
 WORKDIR/config.json        the resolved config the run was started with (see `check_resume`)
+WORKDIR/source.json        the fingerprint of the raw data files the run trains on
 WORKDIR/tokenizer.model    the run's own vocabulary, copied from the data cache on first start
 WORKDIR/metrics.jsonl      metric records (training/run_log.py)
 WORKDIR/status.json        running, finished, stopped, failed or diverged (training/run_log.py)
@@ -27,6 +28,7 @@ CHECKPOINT_DIR = 'checkpoints'
 DAMAGED_CHECKPOINT_DIR = 'damaged_checkpoints'
 LOG_FILE = 'train.log'
 LOCK_FILE = 'run.lock'
+SOURCE_FILE = 'source.json'
 
 # Fields a resumed run may change: how long it trains, how often it logs, evaluates and saves, the
 # learning-rate schedule, and evaluation settings. Every other field changes the parameters, the
@@ -113,6 +115,29 @@ def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   with open(target + '.tmp', 'w', encoding='utf-8') as f:
     json.dump(resolved_config(config), f, indent=2, sort_keys=True)
   os.replace(target + '.tmp', target)
+
+
+def check_source(workdir: str, fingerprint: str) -> None:
+  """Refuses to resume on other raw data files than the run started with (data.source_fingerprint).
+
+  The data iterator's saved position indexes the prepared examples, which edited files change.
+  A run started before source.json existed is accepted.
+  """
+  try:
+    with open(path(workdir, SOURCE_FILE), encoding='utf-8') as f:
+      started_with = json.load(f)['fingerprint']
+  except FileNotFoundError:
+    return
+  if started_with != fingerprint:
+    raise RunFolderError(f'the raw data files of {workdir} changed since the run started (fingerprint '
+                         f'{started_with}, now {fingerprint}): the run cannot resume on other data; '
+                         'use a new --workdir or restore the files')
+
+
+def write_source(workdir: str, fingerprint: str) -> None:
+  with open(path(workdir, SOURCE_FILE) + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump({'fingerprint': fingerprint}, f)
+  os.replace(path(workdir, SOURCE_FILE) + '.tmp', path(workdir, SOURCE_FILE))
 
 
 class RunLock:
