@@ -448,7 +448,13 @@ def checked_config_flag() -> ml_collections.ConfigDict:
 
 
 def one_line_error(error: Exception) -> str:
-  return ' '.join(str(error).replace('\\n', ' ').split())
+  """The error as one line; a traceback inside it (config_flags embeds the config file's own)
+  shrinks to its last line, the exception that the config file raised."""
+  text = str(error).replace('\\n', '\n')
+  if 'Traceback (most recent call last)' in text:
+    head, _, trace = text.partition('Traceback (most recent call last)')
+    text = f'{head.strip()} {trace.strip().splitlines()[-1]}'
+  return ' '.join(text.split())
 
 
 def parse_flags(argv: list[str]) -> list[str]:

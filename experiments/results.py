@@ -143,7 +143,7 @@ def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
 
 
 def state_text(status: dict | None) -> str:
-  """'finished', 'diverged@40', 'failed@120', 'running@250' or 'not started'."""
+  """'finished', 'diverged@40', 'stopped@80', 'failed@120', 'running@250' or 'not started'."""
   if status is None:
     return 'not started'
   if status['state'] == 'finished':

@@ -213,7 +213,7 @@ def plan(run_dir: str, config: ml_collections.ConfigDict, *, rerun_diverged: boo
 
   Finished runs are skipped unless num_steps has since grown past their last step; diverged runs
   are skipped unless asked, since resuming replays the same steps from the last good checkpoint.
-  A 'running' or 'failed' run is resumed: it was stopped (killed, interrupted, crashed).
+  A 'stopped', 'running' or 'failed' run is resumed: it was stopped by a signal, killed or crashed.
   """
   status = read_status(run_dir)
   if status is None:

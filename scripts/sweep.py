@@ -8,15 +8,19 @@
 Each run trains in its own train.py process, so JAX state never leaks between runs and a run that
 diverges (exit status 1) does not stop the sweep; its output goes to WORKDIR/RUN/train.log.
 Re-running the command skips finished runs, resumes stopped or failed ones from their checkpoints
-and leaves diverged ones alone (--rerun_diverged resumes them too). --dry_run prints one shell
+and leaves diverged ones alone (--rerun_diverged resumes them too). SIGTERM or Ctrl-C is passed to
+the running train.py, which saves and stops, and then the sweep stops; a train.py whose sweep is
+killed outright gets SIGTERM too, so no run is left training behind a re-run's back. --dry_run prints one shell
 command per run, for a cluster or TPU-pod launcher, and writes nothing. Arguments
 --config.KEY=VALUE are given to every run. Exit status 1 when a run failed; diverging is a result.
 """
 
 import collections
+import ctypes
 import os
 from pathlib import Path
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -53,7 +57,34 @@ def parse_flags(argv: list[str]) -> list[str]:
   return [argv[0], positional[0], *extra_args]
 
 
-def execute(run: sweeps.Run, run_dir: str, label: str) -> str:
+class Forwarder:
+  """Passes SIGTERM and SIGINT on to the running train.py, which saves and stops; the sweep then
+  stops too. The child runs in its own session, so a Ctrl-C reaches it once (from here), not
+  twice (which would make it exit without saving)."""
+
+  def __init__(self):
+    self.child: subprocess.Popen | None = None
+    self.received: int | None = None
+    for signum in (signal.SIGTERM, signal.SIGINT):
+      signal.signal(signum, self._forward)
+
+  def _forward(self, signum, frame) -> None:
+    del frame
+    self.received = signum
+    if self.child is not None and self.child.poll() is None:
+      self.child.send_signal(signum)
+
+
+def _die_with_parent() -> None:
+  """In the child before exec: SIGTERM when the sweep dies, even by kill -9 (Linux), so no
+  train.py is left training a run that a re-run of the sweep would then find locked."""
+  try:
+    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+  except OSError:
+    pass
+
+
+def execute(run: sweeps.Run, run_dir: str, label: str, forwarder: Forwarder) -> str:
   """Trains (or skips) one run in a train.py subprocess; returns its state afterwards."""
   action = sweeps.plan(run_dir, run.config, rerun_diverged=RERUN_DIVERGED.value)
   if action == 'skip':
@@ -68,7 +99,12 @@ def execute(run: sweeps.Run, run_dir: str, label: str) -> str:
   with open(log_path, 'a') as log:
     log.write(f'# scripts/sweep.py ({action}): {shlex.join(command)}\n')
     log.flush()
-    code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    forwarder.child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True, preexec_fn=_die_with_parent)
+    if forwarder.received is not None:  # arrived while the child was starting
+      forwarder.child.send_signal(forwarder.received)
+    code = forwarder.child.wait()
+    forwarder.child = None
   status = sweeps.read_status(run_dir) or {}
   state = status.get('state', 'failed')
   # Killed, or stopped before train.py wrote a status: the run failed whatever the file says.
@@ -97,9 +133,15 @@ def main(argv: list[str]) -> None:
     for run in selected:
       print(shlex.join(['python', os.path.relpath(TRAIN), *run.args]))
     return
-  states = collections.Counter(
-      execute(run, os.path.join(workdir, run.name), f'[{i}/{len(selected)}] {run.name}')
-      for i, run in enumerate(selected, 1))
+  forwarder = Forwarder()
+  states = collections.Counter()
+  for i, run in enumerate(selected, 1):
+    states[execute(run, os.path.join(workdir, run.name), f'[{i}/{len(selected)}] {run.name}',
+                   forwarder)] += 1
+    if forwarder.received is not None:
+      print(f'sweep {workdir}: stopped by {signal.Signals(forwarder.received).name} after {i} of '
+            f'{len(selected)} runs; run the same command to resume', flush=True)
+      sys.exit(128 + forwarder.received)
   print(f'sweep {workdir}: {len(selected)} runs: {states["finished"]} finished, '
         f'{states["diverged"]} diverged, {states["failed"]} failed', flush=True)
   if states['failed']:

@@ -2,7 +2,9 @@
 
 import ml_collections
 
+from data import datasets
 from model.config import ModelConfig
+from training.optimizer import make_optimizer
 
 
 _POSITIVE_INTS = {
@@ -16,8 +18,8 @@ _SECTIONS = ('model', 'data', 'optim', 'train', 'eval')
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError with a one-line message naming the first bad field.
 
-  The optimizer and schedule names are checked when `make_optimizer` builds them, which is also
-  before any compilation.
+  Runs before train.py writes anything: every field whose bad value would otherwise fail later
+  (dataset, languages, splits, optimizer, schedule, model) is checked here.
   """
   missing = [name for name in _SECTIONS if name not in config]
   if missing:
@@ -42,6 +44,22 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   ModelConfig.from_config(config.model, source_vocab_size=vocab, target_vocab_size=vocab)
   if config.optim.learning_rate <= 0:
     raise ValueError(f'config.optim.learning_rate={config.optim.learning_rate!r} must be positive')
+  # Builds the optimizer once (cheap, no arrays) for its own checks of names and values; with
+  # num_epochs the run's length is not known yet, so any length past the warmup stands in.
+  length = train.num_steps if not train.num_epochs else max(config.optim.warmup_steps, 0) + 1
+  make_optimizer(config.optim, steps_per_epoch=1, total_steps=length)
+  datasets.builder_class(config.data.dataset)
+  datasets.language_pair(config.data)
+  datasets.check_split(config.data.dataset, config.data.eval_split)
+  if not isinstance(train.save_on_stop_after, int) or train.save_on_stop_after < 0:
+    raise ValueError(f'config.train.save_on_stop_after={train.save_on_stop_after!r} must be an '
+                     'integer >= 0 (0: never save on a stop signal)')
+  if train.divergence_loss_ceiling < 0:
+    raise ValueError(f'config.train.divergence_loss_ceiling={train.divergence_loss_ceiling!r} must '
+                     'be >= 0 (0 disables)')
+  if train.divergence_growth != 0 and train.divergence_growth <= 1:
+    raise ValueError(f'config.train.divergence_growth={train.divergence_growth!r} must be above 1, '
+                     'or 0 to disable')
 
 
 def total_steps(train_config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
