@@ -69,6 +69,14 @@ def builder_class(dataset: str) -> type[builder.ParallelTextBuilder]:
   return BUILDERS[dataset]
 
 
+def check_dataset_config(data_config) -> None:
+  """Raises a ValueError naming the valid builder configs unless data.dataset_config is one."""
+  configs = [config.name for config in builder_class(data_config.dataset).BUILDER_CONFIGS]
+  if data_config.dataset_config not in configs:
+    raise ValueError(f'Unknown {data_config.dataset} dataset_config '
+                     f'{data_config.dataset_config!r}; valid: {", ".join(configs)}')
+
+
 def check_split(dataset: str, split: str) -> None:
   """Raises a ValueError naming the valid splits unless `split` is one."""
   splits = builder_class(dataset).SPLITS
@@ -99,10 +107,7 @@ def get_builder(data_config, splits: Sequence[str] | None = None):
     sources.SourceError: Raw files missing or unusable (first use only).
   """
   cls = builder_class(data_config.dataset)
-  configs = [config.name for config in cls.BUILDER_CONFIGS]
-  if data_config.dataset_config not in configs:
-    raise ValueError(f'Unknown {data_config.dataset} dataset_config '
-                     f'{data_config.dataset_config!r}; valid: {", ".join(configs)}')
+  check_dataset_config(data_config)
   root = cache_dir(data_config)
   fingerprint = source_fingerprint(data_config)
   # A partial preparation lives apart so it never stands in for the full data.

@@ -207,6 +207,9 @@ def test_loss_watch_by_ceiling_and_by_growth_over_the_lowest():
     ('data.eval_split=tst', "Unknown multi30k split 'tst'; valid: train, validation"),
     ('train.divergence_growth=0.5', 'config.train.divergence_growth=0.5 must be above 1'),
     ('train.save_on_stop_after=-1', 'config.train.save_on_stop_after=-1 must be'),
+    ('data.dataset_config=tokenised', "Unknown multi30k dataset_config 'tokenised'; valid: original, tokenized"),
+    ('data.vocab_type=wordpiece', "config.data.vocab_type='wordpiece' is not one of: unigram, bpe"),
+    ('data.eval_examples=-1', 'config.data.eval_examples=-1 must be >= 0'),
 ])
 def test_bad_fields_are_refused_before_anything_is_written(tmp_path, data_cache, override, expected):
   config = _config(data_cache)

@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from data import datasets
+from data import datasets, tokenizer
 from model.config import ModelConfig
 from training.optimizer import make_optimizer
 
@@ -48,8 +48,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   # num_epochs the run's length is not known yet, so any length past the warmup stands in.
   length = train.num_steps if not train.num_epochs else max(config.optim.warmup_steps, 0) + 1
   make_optimizer(config.optim, steps_per_epoch=1, total_steps=length)
-  datasets.builder_class(config.data.dataset)
+  datasets.check_dataset_config(config.data)
   datasets.language_pair(config.data)
+  if config.data.vocab_type not in tokenizer.VOCAB_TYPES:
+    raise ValueError(f'config.data.vocab_type={config.data.vocab_type!r} is not one of: '
+                     f'{", ".join(tokenizer.VOCAB_TYPES)}')
+  for name in ('eval_examples', 'num_workers'):
+    if config.data[name] < 0:
+      raise ValueError(f'config.data.{name}={config.data[name]!r} must be >= 0')
   datasets.check_split(config.data.dataset, config.data.eval_split)
   if not isinstance(train.save_on_stop_after, int) or train.save_on_stop_after < 0:
     raise ValueError(f'config.train.save_on_stop_after={train.save_on_stop_after!r} must be an '
