@@ -18,7 +18,6 @@ from pathlib import Path
 
 from absl import flags
 import ml_collections
-from ml_collections import config_flags
 import numpy as np
 import optax
 
@@ -26,7 +25,7 @@ from data import batching, pipeline
 from data import tokenizer as tokenizer_lib
 from model import losses
 from model.transformer import Transformer
-import train
+from training import command_line, train_state
 
 # What the model reads from a batch (pipeline.py's names).
 MODEL_INPUTS = ('encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',
@@ -36,15 +35,14 @@ MODEL_INPUTS = ('encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_
 def define_flags() -> None:
   """--config and --out; scripts call this (and define their own flags) only when run as scripts,
   so that importing several of them, as the tests do, defines no flag twice."""
-  config_flags.DEFINE_config_file('config', None, 'Config file[:preset], as for train.py.',
-                                  lock_config=True)
+  command_line.define_config_flag()
   flags.DEFINE_string('out', None, 'Output .json path; the plot is written beside it as .png.')
-  flags.mark_flags_as_required(['config', 'out'])
+  flags.mark_flags_as_required(['out'])
 
 
 def config_and_out() -> tuple[ml_collections.ConfigDict, Path]:
   """The parsed --config, checked as train.py checks it, and --out."""
-  config = train.checked_config_flag()
+  config = command_line.config_from_flags()
   out = Path(flags.FLAGS.out)
   if out.suffix != '.json':
     raise SystemExit(f'invalid command line: --out={out} must name a .json file')
@@ -112,14 +110,14 @@ def load_batches_or_exit(data_config: ml_collections.ConfigDict, split: str, num
   try:
     return load_batches(data_config, split, num_pairs, batch_size)
   except ValueError as error:
-    raise SystemExit(f'invalid command line: {train.one_line_error(error)}') from None
+    raise SystemExit(f'invalid command line: {command_line.one_line_error(error)}') from None
 
 
 def init_variables(model: Transformer, seed: int) -> dict:
   """The variables train.py starts a run with `--config.train.seed=seed` from (eager: compiling the
   init of a 14+14 model takes longer, ~45 s on 2 CPU cores, than running it for ten seeds)."""
-  state = train.create_train_state(model, optax.identity(), seed)
-  return train.model_variables(state.params, state.batch_stats)
+  state = train_state.create_train_state(model, optax.identity(), seed)
+  return train_state.model_variables(state.params, state.batch_stats)
 
 
 def loss_sums(model: Transformer, variables: dict, batch: dict, label_smoothing: float) -> dict:

@@ -15,6 +15,7 @@ import statistics
 from typing import Any
 
 from experiments import sweeps
+from training.run_dir import CONFIG_FILE, EVAL_DIR, METRICS_FILE, STATUS_FILE
 
 MISSING = '–'
 # Numeric summary columns: CSV name, Markdown header, format.
@@ -54,7 +55,7 @@ def read_metrics(run_dir: str) -> tuple[list[dict], list[dict]]:
   skipped.
   """
   train, evals = [], []
-  path = os.path.join(run_dir, 'metrics.jsonl')
+  path = os.path.join(run_dir, METRICS_FILE)
   if not os.path.isfile(path):
     return train, evals
   with open(path) as f:
@@ -97,7 +98,7 @@ def _run_folders(sweep_dir: str) -> list[str]:
   names = sorted(entry.name for entry in os.scandir(sweep_dir) if entry.is_dir())
   return [name for name in names if any(
       os.path.isfile(os.path.join(sweep_dir, name, file))
-      for file in ('config.json', 'status.json', 'metrics.jsonl'))]
+      for file in (CONFIG_FILE, STATUS_FILE, METRICS_FILE))]
 
 
 def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
@@ -121,7 +122,7 @@ def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
   if not names:
     raise ValueError(f'{sweep_dir} holds no sweep.json and no run folder (config.json, status.json '
                      'or metrics.jsonl)')
-  configs = {name: flatten(_read_json(os.path.join(sweep_dir, name, 'config.json'))) for name in names}
+  configs = {name: flatten(_read_json(os.path.join(sweep_dir, name, CONFIG_FILE))) for name in names}
   if sweep:
     fields = sweep['fields']
   else:
@@ -130,7 +131,7 @@ def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
   runs = []
   for name in names:
     run_dir = os.path.join(sweep_dir, name)
-    eval_dir = os.path.join(run_dir, 'eval')
+    eval_dir = os.path.join(run_dir, EVAL_DIR)
     splits = sorted(file[:-len('.json')] for file in os.listdir(eval_dir)
                     if file.endswith('.json')) if os.path.isdir(eval_dir) else []
     values = {field: configs[name].get(field, overrides.get(name, {}).get(field)) for field in fields}
@@ -138,7 +139,7 @@ def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
     runs.append(RunRecords(
         name=name, values=values, status=sweeps.read_status(run_dir), train=train, evals=evals,
         eval_files={split: _read_json(os.path.join(eval_dir, f'{split}.json')) for split in splits},
-        config=_read_json(os.path.join(run_dir, 'config.json'))))
+        config=_read_json(os.path.join(run_dir, CONFIG_FILE))))
   return runs, fields
 
 

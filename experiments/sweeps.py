@@ -24,9 +24,10 @@ import os
 import re
 from typing import Any
 
-from absl import flags
 import ml_collections
-from ml_collections import config_flags
+
+from training import command_line
+from training.run_dir import CHECKPOINT_DIR, STATUS_FILE
 
 SWEEP_FILE = 'sweep.json'
 # An argument applied to every run: --config.KEY=VALUE.
@@ -47,10 +48,6 @@ class Run:
   args: tuple[str, ...]
   # The config train.py will build from `args`.
   config: ml_collections.ConfigDict
-
-
-def one_line(error: BaseException) -> str:
-  return ' '.join(str(error).replace('\\n', ' ').split())
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:
@@ -115,23 +112,6 @@ def flag_value(value: Any) -> str:
   return value if isinstance(value, str) else repr(value)
 
 
-def parse_config(args: list[str] | tuple[str, ...]) -> ml_collections.ConfigDict:
-  """The validated config train.py builds from `args` (its --workdir is ignored here)."""
-  # Imported here, not at the top: it loads JAX, which scripts/report.py has no use for.
-  from training import validation  # pylint: disable=g-import-not-at-top
-  argv = ['train.py', *(arg for arg in args if not arg.startswith('--workdir='))]
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file('config', None, 'Config file[:preset].', flag_values=flag_values,
-                                  lock_config=True, sys_argv=argv)
-  try:
-    flag_values(argv)
-    config = flag_values.config
-    validation.check_config(config)
-  except Exception as error:  # config_flags raises AttributeError, flags.Error, ...; ValueError
-    raise ValueError(one_line(error)) from None
-  return config
-
-
 def _lookup(config: ml_collections.ConfigDict, key: str) -> Any:
   """config['a.b.c'], or KeyError naming the key."""
   node = config
@@ -171,7 +151,7 @@ def expand(spec: str, workdir: str, extra_args: list[str] = ()) -> list[Run]:
   all_overrides = load_overrides(spec)
   fields = swept_fields(all_overrides)
   extra_keys = _extra_keys(list(extra_args), spec, fields)
-  base = parse_config([f'--config={spec}'])
+  base = command_line.parse_config_args([f'--config={spec}'])
   for key in [*fields, *extra_keys]:
     try:
       _lookup(base, key)
@@ -187,7 +167,7 @@ def expand(spec: str, workdir: str, extra_args: list[str] = ()) -> list[Run]:
             *(f'--config.{key}={flag_value(value)}' for key, value in overrides.items()),
             *extra_args)
     try:
-      config = parse_config(args)
+      config = command_line.parse_config_args(args)
     except ValueError as error:
       raise ValueError(f'{spec} run {name}: {error}') from None
     for key, value in overrides.items():
@@ -201,7 +181,7 @@ def expand(spec: str, workdir: str, extra_args: list[str] = ()) -> list[Run]:
 
 def read_status(run_dir: str) -> dict | None:
   """RUN_DIR/status.json as train.py wrote it, or None before the run started."""
-  path = os.path.join(run_dir, 'status.json')
+  path = os.path.join(run_dir, STATUS_FILE)
   if not os.path.isfile(path):
     return None
   with open(path) as f:
@@ -217,7 +197,7 @@ def plan(run_dir: str, config: ml_collections.ConfigDict, *, rerun_diverged: boo
   """
   status = read_status(run_dir)
   if status is None:
-    return 'resume' if os.path.isdir(os.path.join(run_dir, 'checkpoints')) else 'start'
+    return 'resume' if os.path.isdir(os.path.join(run_dir, CHECKPOINT_DIR)) else 'start'
   if status['state'] == 'finished':
     # With num_epochs set the step count depends on the data: trust 'finished'.
     longer = not config.train.num_epochs and status.get('step', 0) < config.train.num_steps

@@ -18,7 +18,7 @@ from --config; layer counts, config.model.norm_position and config.model.residua
 'none' needs no model change: flax's intercept_methods makes every norm module return its input
 (the configured norm's parameters exist but go unused), including the final norm of 'pre'.
 
-  python scripts/activation_stats.py --config=configs/multi30k.py --out=runs/analyses/activations.json
+  python -m scripts.activation_stats --config=configs/multi30k.py --out=runs/analyses/activations.json
 
 The JSON holds `settings`, the resolved `config`, and for each placement 'post', 'pre', 'none'
 and each of 'residual', 'no_residual':
@@ -30,7 +30,6 @@ and each of 'residual', 'no_residual':
 import contextlib
 import functools
 from pathlib import Path
-import sys
 
 from absl import app, flags
 import flax.linen as nn
@@ -40,15 +39,13 @@ from matplotlib.figure import Figure
 import ml_collections
 import numpy as np
 
-# Run as a script from anywhere: the repository root holds analysis/, configs/, data/, model/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis import experiment  # pylint: disable=g-import-not-at-top
-from data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-from model import norms  # pylint: disable=g-import-not-at-top
-from model.blocks import DecoderLayer, EncoderLayer  # pylint: disable=g-import-not-at-top
-from model.transformer import Transformer  # pylint: disable=g-import-not-at-top
-import train  # pylint: disable=g-import-not-at-top
+from analysis import experiment
+from data import tokenizer as tokenizer_lib
+from model import norms
+from model.blocks import DecoderLayer, EncoderLayer
+from model.transformer import Transformer
+from training import command_line, train_state
 
 # Placement name -> (config.model.norm_position, whether norms are applied). Without norms 'post'
 # and 'pre' wire alike (x + f(x)); 'pre' is the one used.
@@ -103,7 +100,7 @@ def measure(config: ml_collections.ConfigDict, vocab_size: int, batch: dict, *, 
   for placement, (norm_position, apply_norms) in PLACEMENTS.items():
     results[placement] = {}
     for residual_name, residual in RESIDUAL.items():
-      model = train.build_model(experiment.with_model(
+      model = train_state.build_model(experiment.with_model(
           config, norm_position=norm_position, residual=residual, num_encoder_layers=num_layers,
           num_decoder_layers=num_layers), vocab_size)
       per_seed = [
@@ -171,4 +168,4 @@ def main(argv) -> None:
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main, flags_parser=train.parse_flags)
+  app.run(main, flags_parser=command_line.parse_flags)

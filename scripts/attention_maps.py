@@ -1,7 +1,7 @@
 """Cross-attention maps of a trained model: which source subwords each target subword attends to.
 
-  python scripts/attention_maps.py --workdir=runs/m30k --sentence="Ein Mann fährt Fahrrad."
-  python scripts/attention_maps.py --workdir=runs/m30k --split=test_2016 --index=7 --heads
+  python -m scripts.attention_maps --workdir=runs/m30k --sentence="Ein Mann fährt Fahrrad."
+  python -m scripts.attention_maps --workdir=runs/m30k --split=test_2016 --index=7 --heads
 
 The model translates the sentence (beam search as config.eval, or --beam_size), then reads its
 own translation teacher-forced, and the cross-attention weights of that pass are drawn: one
@@ -12,20 +12,15 @@ OUT_DIR (--out_dir) defaults to WORKDIR/attention.
 """
 
 from pathlib import Path
-import sys
 
 from absl import app, flags
-import jax
 import jax.numpy as jnp
 from matplotlib.figure import Figure
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import eval as eval_lib  # pylint: disable=g-import-not-at-top
-from data import datasets, tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-from model.translate import translate  # pylint: disable=g-import-not-at-top
-from training import partitioning  # pylint: disable=g-import-not-at-top
+from data import datasets, tokenizer as tokenizer_lib
+from model.translate import translate
+from training import partitioning, trained_model
 
 WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory of train.py.', required=True)
 SENTENCE = flags.DEFINE_string('sentence', None, 'Source sentence to translate and draw.')
@@ -39,7 +34,7 @@ OUT_DIR = flags.DEFINE_string('out_dir', None, 'Folder of the PNGs (default: WOR
 flags.mark_flags_as_mutual_exclusive(['sentence', 'split'], required=True)
 
 
-def cross_attention(run: eval_lib.Restored, source_ids: list[int], beam_size: int
+def cross_attention(run: trained_model.Restored, source_ids: list[int], beam_size: int
                     ) -> tuple[list[int], list[np.ndarray]]:
   """The translation's ids (with EOS) and each decoder layer's weights [N, T, S] over it."""
   source = jnp.asarray([source_ids + [tokenizer_lib.EOS_ID]], jnp.int32)  # [1, S]
@@ -75,7 +70,7 @@ def main(argv):
   del argv
   mesh = partitioning.make_mesh()
   try:
-    run = eval_lib.restore(WORKDIR.value, SPLIT.value, CHECKPOINT.value, mesh)
+    run = trained_model.restore(WORKDIR.value, SPLIT.value, CHECKPOINT.value, mesh)
     if SENTENCE.value is not None:
       sentence = SENTENCE.value
     else:

@@ -1,7 +1,7 @@
 """Training and decoding speed of a config's model on fixed synthetic batches.
 
-  python scripts/benchmark.py --config=configs/multi30k.py --out=/tmp/bench.json
-  python scripts/benchmark.py --config=configs/multi30k.py --config.model.d_ff=512 \
+  python -m scripts.benchmark --config=configs/multi30k.py --out=/tmp/bench.json
+  python -m scripts.benchmark --config=configs/multi30k.py --config.model.d_ff=512 \
       --config.model.num_heads=8 --vocab_size=10000 --batch_size=256 --source_length=16 \
       --target_length=16 --out=/tmp/bench.json      # the shape scripts/benchmark_torch.py runs
 
@@ -20,25 +20,21 @@ import json
 from pathlib import Path
 import resource
 import statistics
-import sys
 import time
 
 from absl import app, flags
 import jax
 import jax.numpy as jnp
 import numpy as np
-from ml_collections import config_flags
 
-# Run as a script from anywhere: the repository root holds configs/, model/ and train.py.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import train as train_lib  # pylint: disable=g-import-not-at-top
-from data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-from model import flops as flops_lib  # pylint: disable=g-import-not-at-top
-from model import translate as translate_lib  # pylint: disable=g-import-not-at-top
-from training.optimizer import make_optimizer  # pylint: disable=g-import-not-at-top
+from training import command_line, train_state
+from data import tokenizer as tokenizer_lib
+from model import flops as flops_lib
+from model import translate as translate_lib
+from training.optimizer import make_optimizer
 
-config_flags.DEFINE_config_file('config', None, 'Config file[:preset].', lock_config=True)
+command_line.define_config_flag()
 OUT = flags.DEFINE_string('out', None, 'Write the measurements here as JSON.')
 VOCAB_SIZE = flags.DEFINE_integer('vocab_size', None, 'Vocabulary size (default config.data.vocab_size).')
 BATCH_SIZE = flags.DEFINE_integer('batch_size', 256, 'Sentences per training batch.')
@@ -103,12 +99,12 @@ def cpu_matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
 
 def benchmark_training(config, vocab_size: int, batch_size: int, source_length: int,
                        target_length: int, steps: int, warmup: int) -> dict:
-  model = train_lib.build_model(config, vocab_size)
+  model = train_state.build_model(config, vocab_size)
   tx, _ = make_optimizer(config.optim, steps_per_epoch=1000, total_steps=max(config.train.num_steps, 1))
-  state = train_lib.create_train_state(model, tx, config.train.seed)
+  state = train_state.create_train_state(model, tx, config.train.seed)
   batch = jax.device_put(synthetic_batch(batch_size, source_length, target_length, vocab_size))
   step_fn = jax.jit(functools.partial(
-      train_lib.train_step, model=model, tx=tx, label_smoothing=config.train.label_smoothing,
+      train_state.train_step, model=model, tx=tx, label_smoothing=config.train.label_smoothing,
       dropout_key=jax.random.PRNGKey(1)), donate_argnums=0)
   compiled, compile_seconds = _compiled(step_fn, state, batch)
   for _ in range(warmup):
@@ -121,7 +117,7 @@ def benchmark_training(config, vocab_size: int, batch_size: int, source_length: 
     jax.block_until_ready(metrics)
     step_times.append(time.perf_counter() - start)
   step_seconds = statistics.median(step_times)
-  return {'model': model, 'variables': train_lib.model_variables(state.params, state.batch_stats),
+  return {'model': model, 'variables': train_state.model_variables(state.params, state.batch_stats),
           'train_step_seconds': step_seconds, 'train_step_seconds_all': step_times,
           'train_tokens_per_sec': batch_size * target_length / step_seconds,
           'compile_seconds': {'train_step': compile_seconds},
@@ -213,7 +209,7 @@ def summary(report: dict) -> str:
 
 def main(argv):
   del argv
-  config = flags.FLAGS.config
+  config = command_line.config_from_flags()
   report = measure(
       config, vocab_size=VOCAB_SIZE.value or config.data.vocab_size, batch_size=BATCH_SIZE.value,
       source_length=SOURCE_LENGTH.value, target_length=TARGET_LENGTH.value, steps=STEPS.value,
@@ -227,4 +223,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main, flags_parser=train_lib.parse_flags)
+  app.run(main, flags_parser=command_line.parse_flags)

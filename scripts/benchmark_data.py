@@ -4,33 +4,27 @@ The data fields come from --config (configs/base.py by default) and its override
 files come from config.data.source_dir, else $SEQ2SEQ_DATA_DIR/<dataset>, else a download;
 preparing the dataset and training the tokenizer on first use are timed apart from the pipeline.
 
-  python scripts/benchmark_data.py --config=configs/multi30k.py --config.data.max_tokens=4096 \
+  python -m scripts.benchmark_data --config=configs/multi30k.py --config.data.max_tokens=4096 \
       --num_batches=2000
 """
 
-from pathlib import Path
-import sys
 import time
 
 from absl import app, flags
-from ml_collections import config_flags
 import numpy as np
 
-# Run as a script from anywhere: the repository root holds configs/ and data/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from data import pipeline
+from data import tokenizer as tokenizer_lib
+from training import command_line
 
-from data import pipeline  # pylint: disable=g-import-not-at-top
-from data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', str(Path(__file__).resolve().parents[1] / 'configs' / 'base.py'),
-    'Config file[:preset]; only its data section is used.')
+# Only the config's data section is used.
+command_line.define_config_flag('configs/base.py')
 NUM_BATCHES = flags.DEFINE_integer('num_batches', 2000, 'Batches to time.', lower_bound=1)
 
 
 def main(argv) -> None:
   del argv
-  config = _CONFIG.value.data
+  config = command_line.config_from_flags().data
   start = time.perf_counter()
   tokenizer = tokenizer_lib.get_tokenizer(config)
   print(f'tokenizer ({config.vocab_type}, {tokenizer.vocab_size} pieces): '
@@ -65,4 +59,4 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=command_line.parse_flags)

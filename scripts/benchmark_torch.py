@@ -1,7 +1,7 @@
 """The PyTorch reference for scripts/benchmark.py: eager `torch.nn.Transformer` doing the same work.
 
   pip install torch==2.13.0     # benchmark-only; not in requirements.txt
-  python scripts/benchmark_torch.py --out=/tmp/torch.json
+  python -m scripts.benchmark_torch --out=/tmp/torch.json
 
 Same shape and work as `scripts/benchmark.py --config=configs/multi30k.py --config.model.d_ff=512
 --config.model.num_heads=8 --config.model.dropout_rate=0.1 --vocab_size=10000`: 3+3 Post-LN layers,

@@ -1,7 +1,7 @@
 """Training throughput of train.py itself on real Multi30k batches: our side of the fairseq table.
 
-  SEQ2SEQ_DATA_DIR=../shared/data python scripts/benchmark_train.py --recipe=tiny
-  SEQ2SEQ_DATA_DIR=../shared/data python scripts/benchmark_train.py --recipe=small --steps=120
+  SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --recipe=tiny
+  SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --recipe=small --steps=120
 
 Runs `train.train_and_evaluate` (the loop users run: the grain pipeline, bucketed batches with
 their real padding, the per-step host work) for `--steps` steps of a recipe matching
@@ -15,16 +15,14 @@ apart, as train.py does. A benchmark, not a test: nothing here asserts a speed.
 import json
 from pathlib import Path
 import statistics
-import sys
 import tempfile
 
 from absl import app, flags
 import jax
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import train as train_lib  # pylint: disable=g-import-not-at-top
-from configs import multi30k  # pylint: disable=g-import-not-at-top
+from configs import multi30k
+from training import command_line, trainer
+from training.run_dir import METRICS_FILE
 
 # The two shapes of ../shared/peers/fairseq/bench.sh, with its learning rates and warmups.
 RECIPES = {
@@ -58,8 +56,8 @@ def recipe_config(recipe: str, steps: int, log_every: int):
 
 
 def measure(config, workdir: str) -> dict:
-  train_lib.train_and_evaluate(config, workdir)
-  records = [json.loads(line) for line in Path(workdir, 'metrics.jsonl').read_text().splitlines()]
+  trainer.train_and_evaluate(config, workdir)
+  records = [json.loads(line) for line in Path(workdir, METRICS_FILE).read_text().splitlines()]
   windows = [r['tokens_per_sec'] for r in records if 'tokens_per_sec' in r]
   last = [r for r in records if 'compiled_shapes' in r][-1]
   return {
@@ -88,4 +86,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=train_lib.parse_flags)
+  app.run(main, flags_parser=command_line.parse_flags)

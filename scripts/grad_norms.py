@@ -17,7 +17,7 @@ function of the initialisation and the data alone. Every seed sees the same batc
 norm, initialiser and positions come from --config; the layer counts and
 config.model.norm_position are set here.
 
-  python scripts/grad_norms.py --config=configs/multi30k.py --out=runs/analyses/grad_norms.json
+  python -m scripts.grad_norms --config=configs/multi30k.py --out=runs/analyses/grad_norms.json
 
 Cost: one compilation per placement and depth, and a gradient per seed, placement and depth.
 
@@ -33,7 +33,6 @@ The JSON holds `settings`, the resolved `config`, and for 'post' and 'pre':
 
 import functools
 from pathlib import Path
-import sys
 
 from absl import app, flags
 import jax
@@ -43,12 +42,10 @@ from matplotlib.ticker import MaxNLocator
 import ml_collections
 import numpy as np
 
-# Run as a script from anywhere: the repository root holds analysis/, configs/, data/, model/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis import experiment  # pylint: disable=g-import-not-at-top
-from model.transformer import Transformer  # pylint: disable=g-import-not-at-top
-import train  # pylint: disable=g-import-not-at-top
+from analysis import experiment
+from model.transformer import Transformer
+from training import command_line, train_state
 
 PLACEMENTS = ('post', 'pre')
 _PROJECTIONS = ('query', 'key', 'value', 'out')
@@ -88,7 +85,7 @@ def measure(config: ml_collections.ConfigDict, vocab_size: int, batch: dict, *, 
   for placement in PLACEMENTS:
     per_depth = {}  # layers -> [seeds] of {'<stack>_<matrix>': [L] norms}
     for depth in sorted({num_layers, *depths}):
-      model = train.build_model(experiment.with_model(
+      model = train_state.build_model(experiment.with_model(
           config, norm_position=placement, num_encoder_layers=depth, num_decoder_layers=depth), vocab_size)
       per_depth[depth] = [
           jax.device_get(kernel_gradient_norms(model, experiment.init_variables(model, seed), batch,
@@ -170,4 +167,4 @@ def main(argv) -> None:
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main, flags_parser=train.parse_flags)
+  app.run(main, flags_parser=command_line.parse_flags)

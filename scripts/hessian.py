@@ -17,7 +17,7 @@ norm, initialiser (config.model.kernel_init, Xavier by default) and positions co
 --config; the layer counts and config.model.norm_position are set here; the parameters are those
 of --seed.
 
-  python scripts/hessian.py --config=configs/multi30k.py --out=runs/analyses/hessian.json
+  python -m scripts.hessian --config=configs/multi30k.py --out=runs/analyses/hessian.json
 
 Cost: --lanczos_iterations x --num_probes products per placement, each over all pairs and worth
 about three gradients. On 2 idle CPU cores a product took about 25 s over 250 pairs and 58-100 s
@@ -39,7 +39,6 @@ The JSON holds `settings`, the resolved `config`, and for 'post' and 'pre':
 import functools
 import itertools
 from pathlib import Path
-import sys
 
 from absl import app, flags, logging
 import jax
@@ -47,12 +46,10 @@ from matplotlib.figure import Figure
 import ml_collections
 import numpy as np
 
-# Run as a script from anywhere: the repository root holds analysis/, configs/, data/, model/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis import experiment, lanczos  # pylint: disable=g-import-not-at-top
-from model.transformer import Transformer  # pylint: disable=g-import-not-at-top
-import train  # pylint: disable=g-import-not-at-top
+from analysis import experiment, lanczos
+from model.transformer import Transformer
+from training import command_line, train_state
 
 PLACEMENTS = ('post', 'pre')
 # Floor of the plotted density: the log scale shows the outliers Ghorbani et al. look for.
@@ -114,7 +111,7 @@ def measure(config: ml_collections.ConfigDict, vocab_size: int, batches: list[di
   """`spectrum` for Post-LN and Pre-LN models of `num_layers` + `num_layers` layers."""
   results = {}
   for placement in PLACEMENTS:
-    model = train.build_model(experiment.with_model(
+    model = train_state.build_model(experiment.with_model(
         config, norm_position=placement, num_encoder_layers=num_layers, num_decoder_layers=num_layers),
         vocab_size)
     results[placement] = spectrum(model, experiment.init_variables(model, seed), batches,
@@ -190,4 +187,4 @@ def main(argv) -> None:
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main, flags_parser=train.parse_flags)
+  app.run(main, flags_parser=command_line.parse_flags)

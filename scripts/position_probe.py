@@ -17,7 +17,7 @@ the model's apply_rope.
 Widths come from --config: the sinusoidal table has config.model.d_model features, RoPE acts on
 heads of config.model.d_model / config.model.num_heads. No data is read.
 
-  python scripts/position_probe.py --config=configs/multi30k.py --out=runs/analyses/positions.json
+  python -m scripts.position_probe --config=configs/multi30k.py --out=runs/analyses/positions.json
 
 The JSON holds `settings`, the resolved `config`, and
   'sinusoidal': {'d_model', 'distances' [K], 'dot_product' [K] p_0 . p_k / (D/2),
@@ -28,7 +28,6 @@ The JSON holds `settings`, the resolved `config`, and
 """
 
 from pathlib import Path
-import sys
 
 from absl import app, flags
 import jax
@@ -37,12 +36,10 @@ from matplotlib.figure import Figure
 import ml_collections
 import numpy as np
 
-# Run as a script from anywhere: the repository root holds analysis/, configs/, model/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis import experiment  # pylint: disable=g-import-not-at-top
-from model import position  # pylint: disable=g-import-not-at-top
-import train  # pylint: disable=g-import-not-at-top
+from analysis import experiment
+from model import position
+from training import command_line
 
 # Positions and shifts of the numerical checks (the table is checked at every pos + k < this).
 _CHECKED_POSITIONS = 256
@@ -172,4 +169,4 @@ def main(argv) -> None:
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main, flags_parser=train.parse_flags)
+  app.run(main, flags_parser=command_line.parse_flags)

@@ -1,7 +1,7 @@
 """Compares the runs of a sweep: a Markdown table, a CSV and learning-curve plots.
 
-  python scripts/report.py runs/xiong_warmup
-  python scripts/report.py runs/xiong_warmup --out_dir=reports/warmup --colour_by=optimizer --panel_by=lr
+  python -m scripts.report runs/xiong_warmup
+  python -m scripts.report runs/xiong_warmup --out_dir=reports/warmup --colour_by=optimizer --panel_by=lr
 
 Reads every run's status.json, metrics.jsonl, config.json and eval/<split>.json (from eval.py) in
 the sweep folder and writes report.md, report.csv, train_loss.png, val_loss.png and val_bleu.png.
@@ -12,15 +12,11 @@ come from the folder's sweep.json; without one (runs launched from --dry_run com
 config.json fields that differ between the subfolders. Works on a sweep still running.
 """
 
-from pathlib import Path
-import sys
 
 from absl import app, flags
 
-# Run as a script from anywhere: the repository root holds experiments/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import report  # pylint: disable=g-import-not-at-top
+from experiments import report
 
 OUT_DIR = flags.DEFINE_string('out_dir', None, 'Where the report goes (default: the sweep folder).')
 COLOUR_BY = flags.DEFINE_string('colour_by', None, 'Swept field that colours the curves (default: the first).')

@@ -1,8 +1,8 @@
 """Runs the sweep a config file defines: every run locally, one after another, or their commands.
 
-  python scripts/sweep.py configs/sweeps/xiong2020.py:warmup --workdir=runs/xiong_warmup
-  python scripts/sweep.py configs/sweeps/xiong2020.py:depth --workdir=runs/xiong_depth --dry_run
-  python scripts/sweep.py configs/sweeps/xiong2020.py:norm --workdir=runs/xiong_norm --only=rms \
+  python -m scripts.sweep configs/sweeps/xiong2020.py:warmup --workdir=runs/xiong_warmup
+  python -m scripts.sweep configs/sweeps/xiong2020.py:depth --workdir=runs/xiong_depth --dry_run
+  python -m scripts.sweep configs/sweeps/xiong2020.py:norm --workdir=runs/xiong_norm --only=rms \
       --config.train.num_steps=2000
 
 Each run trains in its own train.py process, so JAX state never leaks between runs and a run that
@@ -27,11 +27,9 @@ import time
 
 from absl import app, flags
 
-# Run as a script from anywhere: the repository root holds configs/, experiments/ and train.py.
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from experiments import sweeps  # pylint: disable=g-import-not-at-top
+from experiments import sweeps
+from training import command_line
+from training.run_dir import LOG_FILE
 
 WORKDIR = flags.DEFINE_string('workdir', None, 'Folder of the sweep: one subfolder per run.',
                               required=True)
@@ -41,7 +39,7 @@ ONLY = flags.DEFINE_multi_string('only', [], 'Only the runs whose name contains 
 RERUN_DIVERGED = flags.DEFINE_bool('rerun_diverged', False, 'Resume diverged runs as well, after '
                                    'changing what made them diverge.')
 
-TRAIN = REPO / 'train.py'
+TRAIN = Path(__file__).resolve().parents[1] / 'train.py'
 USAGE = 'usage: sweep.py CONFIG_FILE[:PRESET] --workdir=DIR [--dry_run] [--only=TEXT] [--config.KEY=VALUE ...]'
 
 
@@ -51,7 +49,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   try:
     positional = flags.FLAGS([arg for arg in argv if not arg.startswith('--config.')])[1:]
   except flags.Error as error:
-    raise SystemExit(f'sweep.py: {sweeps.one_line(error)}\n{USAGE}') from None
+    raise SystemExit(f'sweep.py: {command_line.one_line_error(error)}\n{USAGE}') from None
   if len(positional) != 1:
     raise SystemExit(f'sweep.py: give one sweep config, e.g. configs/sweeps/xiong2020.py:warmup\n{USAGE}')
   return [argv[0], positional[0], *extra_args]
@@ -92,7 +90,7 @@ def execute(run: sweeps.Run, run_dir: str, label: str, forwarder: Forwarder) -> 
     print(f'{label}: {status["state"]} at step {status.get("step")}, skipped', flush=True)
     return status['state']
   os.makedirs(run_dir, exist_ok=True)
-  log_path = os.path.join(run_dir, 'train.log')
+  log_path = os.path.join(run_dir, LOG_FILE)
   print(f'{label}: {action}, log in {log_path}', flush=True)
   command = [sys.executable, str(TRAIN), *run.args]
   start = time.perf_counter()

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import train
+from training import train_state
 from configs import smoke
 from training import partitioning
 from training.optimizer import make_optimizer
@@ -25,7 +25,7 @@ def check(norm):
   # Plain SGD at a constant rate: the update is the gradient itself, so parameter differences
   # measure gradient differences (Adam's first step is nearly sign(g) and would hide them).
   config.optim.update(optimizer='sgd', b1=0.0, learning_rate=1.0, schedule='constant', warmup_steps=0)
-  model = train.build_model(config, vocab_size=50)
+  model = train_state.build_model(config, vocab_size=50)
   tx, _ = make_optimizer(config.optim, steps_per_epoch=None, total_steps=100)
   rng = np.random.default_rng(0)
   tokens = lambda length: rng.integers(3, 50, size=(8, length)).astype(np.int32)
@@ -34,9 +34,9 @@ def check(norm):
   for name in batch:
     batch[name][5:, 7:] = 0  # padded rows of different lengths
   batch['decoder_target_weights'] = (batch['decoder_target_tokens'] > 0).astype(np.float32)
-  step = functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.1,
+  step = functools.partial(train_state.train_step, model=model, tx=tx, label_smoothing=0.1,
                            dropout_key=jax.random.PRNGKey(7))
-  state = train.create_train_state(model, tx, seed=0)
+  state = train_state.create_train_state(model, tx, seed=0)
 
   single_state, single_metrics = jax.jit(step)(state, jax.tree.map(jnp.asarray, batch))
 

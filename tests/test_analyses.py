@@ -19,7 +19,7 @@ from data import multi30k
 from model import position
 from scripts import activation_stats, grad_norms, hessian, position_probe
 from tests import data_fixtures
-import train
+from training import train_state
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,7 +148,7 @@ def test_hessian_vector_products_match_finite_differences_and_feed_lanczos(tiny_
   vocab_size, (batch,) = experiment.load_batches(tiny_multi30k.data, 'validation', 8, batch_size=8)
   # GELU: the gradient of a ReLU network jumps where a unit switches, which a difference quotient
   # turns into an error of order one however small the step.
-  model = train.build_model(experiment.with_model(tiny_multi30k, activation='gelu'), vocab_size)
+  model = train_state.build_model(experiment.with_model(tiny_multi30k, activation='gelu'), vocab_size)
   variables = experiment.init_variables(model, 0)
   tokens = float(batch['decoder_target_weights'].sum())
   tangent = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), variables['params'])
@@ -174,7 +174,7 @@ def test_stream_variance_flat_with_post_ln_linear_with_pre_ln_geometric_without_
   vocab_size, (batch,) = experiment.load_batches(config.data, 'validation', 32, batch_size=32)
   variances = {}
   for name, (norm_position, apply_norms) in activation_stats.PLACEMENTS.items():
-    model = train.build_model(experiment.with_model(config, norm_position=norm_position), vocab_size)
+    model = train_state.build_model(experiment.with_model(config, norm_position=norm_position), vocab_size)
     variances[name] = np.asarray(activation_stats.stream_variances(
         model, experiment.init_variables(model, 0), batch, apply_norms)['encoder'])
   layers = np.arange(4)
@@ -218,7 +218,7 @@ def test_rope_inner_product_depends_on_relative_distance_only():
 def test_position_probe_cli_writes_checks_and_decay(tmp_path):
   out = tmp_path / 'positions.json'
   completed = subprocess.run(
-      [sys.executable, 'scripts/position_probe.py', '--config=configs/smoke.py',
+      [sys.executable, '-m', 'scripts.position_probe', '--config=configs/smoke.py',
        '--config.model.d_model=64', f'--out={out}', '--max_distance=128'],
       cwd=REPO, capture_output=True, text=True, check=False)
   assert completed.returncode == 0, completed.stderr
@@ -234,7 +234,7 @@ def test_position_probe_cli_writes_checks_and_decay(tmp_path):
 
 
 def test_cli_errors_are_one_line():
-  completed = subprocess.run([sys.executable, 'scripts/grad_norms.py', '--config=configs/smoke.py'],
+  completed = subprocess.run([sys.executable, '-m', 'scripts.grad_norms', '--config=configs/smoke.py'],
                              cwd=REPO, capture_output=True, text=True, check=False)
   assert completed.returncode != 0
   assert completed.stderr.strip().splitlines()[-1] == (

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import train
+from training import train_state
 from configs import base, iwslt14, multi30k, smoke
 from configs.sweeps import xiong2020
 from training import validation
@@ -28,7 +28,7 @@ def test_config_validates_and_builds(name):
   config = CONFIGS[name]()
   validation.check_config(config)
   make_optimizer(config.optim, steps_per_epoch=100, total_steps=validation.total_steps(config.train, 100))
-  model = train.build_model(config, config.data.vocab_size)
+  model = train_state.build_model(config, config.data.vocab_size)
   tokens = jnp.ones((2, 8), jnp.int32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, tokens))
   logits = jax.eval_shape(lambda v: model.apply(v, tokens, tokens), shapes)

@@ -16,13 +16,12 @@ import sacrebleu
 import sacremoses
 
 import eval as eval_lib
-import train
 from configs import base, smoke
 from data import datasets
 from model.config import ModelConfig
 from model.transformer import Transformer
 from model.translate import beam_translate, translate
-from training import averaging, partitioning
+from training import averaging, partitioning, train_state, trained_model, trainer, translating
 from training.checkpointing import Checkpointer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,8 +122,8 @@ def test_tiny_trained_model_reverses_held_out_sequences():
   held_out = sorted(sample(200) - set(pool))[:64]
   model = tiny_model(vocab=20, layers=1)
   tx = optax.adam(5e-3)
-  state = train.create_train_state(model, tx, seed=0)
-  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, label_smoothing=0.0,
+  state = train_state.create_train_state(model, tx, seed=0)
+  step = jax.jit(functools.partial(train_state.train_step, model=model, tx=tx, label_smoothing=0.0,
                                    dropout_key=jax.random.PRNGKey(1)))
   # 1000 steps: with the fusion boundaries, 500 steps left one or two of the 64 held-out sequences
   # wrong (700 left five): the float32 rounding of the gradient sums moves the trajectory.
@@ -165,7 +164,7 @@ def smoke_run(tmp_path_factory, data_cache):
   config.data.cache_dir = str(data_cache)
   config.train.update(num_steps=6, checkpoint_every=2, keep_checkpoints=3, eval_every=6, log_every=6)
   config.eval.beam_size = 2
-  train.train_and_evaluate(config, str(workdir))
+  trainer.train_and_evaluate(config, str(workdir))
   return workdir, config
 
 
@@ -218,7 +217,7 @@ def test_scores_of_imperfect_hypotheses_equal_sacrebleu(smoke_run):
   # Every other line loses its last word, every third is lowercased.
   hypotheses = [' '.join(line.split()[:-1]) if i % 2 else line for i, line in enumerate(text.reference)]
   hypotheses = [line.lower() if i % 3 == 0 else line for i, line in enumerate(hypotheses)]
-  scores = eval_lib.score(hypotheses, text, config.data)
+  scores = translating.score(hypotheses, text, config.data)
   assert 30 < scores['bleu'] < 95 and scores['tokenized_bleu'] > scores['bleu']
   assert scores['tokenized_bleu'] == sacrebleu.corpus_bleu(
       moses_lowercase(hypotheses), [text.reference_tokenized], tokenize='none').score
@@ -231,7 +230,7 @@ def test_scores_of_imperfect_hypotheses_equal_sacrebleu(smoke_run):
 def test_translating_lines_batched_by_length_equals_one_at_a_time(smoke_run):
   workdir, config = smoke_run
   mesh = partitioning.make_mesh()
-  run = eval_lib.restore(str(workdir), None, 'last', mesh)
+  run = trained_model.restore(str(workdir), None, 'last', mesh)
   settings = {'beam_size': 2, 'length_penalty': 1.0, 'length_penalty_form': 'fairseq',
               'max_length_a': 2, 'max_length_b': 0.5}
   lines = datasets.load_split_text(config.data, SPLIT).source[:7]
@@ -266,7 +265,7 @@ def test_translate_command_writes_one_line_per_input_line(smoke_run, tmp_path):
 def test_attention_maps_draws_one_png_per_decoder_layer(smoke_run, tmp_path):
   workdir, config = smoke_run
   result = subprocess.run(
-      [sys.executable, 'scripts/attention_maps.py', f'--workdir={workdir}', '--split=test_2016',
+      [sys.executable, '-m', 'scripts.attention_maps', f'--workdir={workdir}', '--split=test_2016',
        '--index=2', '--heads', f'--out_dir={tmp_path}'], cwd=REPO, capture_output=True, text=True,
       timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]

@@ -11,7 +11,7 @@ import numpy as np
 import portpicker
 import pytest
 
-import train
+from training import train_state
 from configs import smoke
 from training.checkpointing import Checkpointer
 from training.optimizer import make_optimizer
@@ -44,11 +44,11 @@ def _train_command(workdir, cache_dir, *extra):
 def _final_params(workdir):
   """The latest checkpoint's params, restored onto this process's devices."""
   config = smoke.get_config()
-  model = train.build_model(config, config.data.vocab_size)
+  model = train_state.build_model(config, config.data.vocab_size)
   tx, _ = make_optimizer(config.optim, steps_per_epoch=None, total_steps=config.train.num_steps)
   checkpointer = Checkpointer(str(workdir), keep=1, save_every=1)
   step = checkpointer.latest_step()
-  state, _ = checkpointer.restore(step, train.create_train_state(model, tx, seed=0))
+  state, _ = checkpointer.restore(step, train_state.create_train_state(model, tx, seed=0))
   checkpointer.close()
   return step, state.params
 

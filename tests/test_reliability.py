@@ -11,14 +11,11 @@ import textwrap
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
-import eval as eval_lib
-import train
-from training import partitioning, run_dir, run_log, stop_signals
-from training.checkpointing import CheckpointError, Checkpointer
+from training import partitioning, run_dir, run_log, stop_signals, trained_model, trainer
+from training.checkpointing import CheckpointError
 from tests.test_train import params_equal_bitwise, read_jsonl, run_train_cli, smoke_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +31,7 @@ def reference_run(tmp_path_factory, data_cache):
   """An uninterrupted 20-step run: checkpoints at 10 and 20."""
   workdir = tmp_path_factory.mktemp('reference')
   config = _config(data_cache)
-  return workdir, config, train.train_and_evaluate(config, str(workdir))
+  return workdir, config, trainer.train_and_evaluate(config, str(workdir))
 
 
 def _truncate_largest_array_file(checkpoint: Path) -> None:
@@ -92,7 +89,7 @@ def test_incompatible_resume_is_refused_in_one_line_and_config_json_is_untouched
   changed.model.d_model = 64
   changed.data.vocab_size = 2000
   with pytest.raises(run_dir.RunFolderError) as error:
-    train.train_and_evaluate(changed, str(workdir))
+    trainer.train_and_evaluate(changed, str(workdir))
   message = str(error.value)
   assert '\n' not in message
   assert 'data.vocab_size: 1000 in the run, 2000 now' in message
@@ -122,18 +119,18 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(reference_ru
 
   # eval.py --checkpoint=last: one line on stderr, then the step-10 checkpoint.
   mesh = partitioning.make_mesh()
-  restored = eval_lib.restore(str(workdir), None, 'last', mesh)
+  restored = trained_model.restore(str(workdir), None, 'last', mesh)
   assert restored.steps == [10]
-  lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith('eval.py:')]
-  assert len(lines) == 1 and lines[0].startswith(f'eval.py: checkpoint {workdir}/checkpoints/20 cannot be '
+  lines = [line for line in capsys.readouterr().err.splitlines() if 'next older checkpoint' in line]
+  assert len(lines) == 1 and lines[0].startswith(f'checkpoint {workdir}/checkpoints/20 cannot be '
                                                  'restored (ValueError: OUT_OF_RANGE')
   # Asked for that exact step: refused, naming the others.
   with pytest.raises(ValueError, match=r'checkpoints/20 cannot be restored .*; other saved steps: 10$'):
-    eval_lib.restore(str(workdir), None, '20', mesh)
+    trained_model.restore(str(workdir), None, '20', mesh)
 
   # train.py resumes from step 10, sets step 20 aside and redoes it exactly.
   (workdir / 'status.json').unlink()
-  resumed = train.train_and_evaluate(config, str(workdir))
+  resumed = trainer.train_and_evaluate(config, str(workdir))
   assert params_equal_bitwise(resumed.params, uninterrupted.params)
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['10', '20']
   assert os.listdir(workdir / 'damaged_checkpoints') == ['20']
@@ -142,7 +139,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(reference_ru
   for step in ('10', '20'):
     _truncate_largest_array_file(workdir / 'checkpoints' / step)
   with pytest.raises(CheckpointError, match=r'no checkpoint in .* can be restored \(steps 20, 10 are damaged\)'):
-    train.train_and_evaluate(config, str(workdir))
+    trainer.train_and_evaluate(config, str(workdir))
 
 
 def test_sigterm_saves_marks_the_run_stopped_and_resume_equals_the_uninterrupted_run(
@@ -159,7 +156,7 @@ def test_sigterm_saves_marks_the_run_stopped_and_resume_equals_the_uninterrupted
   monkeypatch.setattr(stop_signals.StopSignals, 'requested', signal_at_step_13)
   handler_before = signal.getsignal(signal.SIGTERM)
   with pytest.raises(stop_signals.RunStopped) as stopped:
-    train.train_and_evaluate(config, str(workdir))
+    trainer.train_and_evaluate(config, str(workdir))
   assert stopped.value.exit_code == 128 + signal.SIGTERM and stopped.value.step == 13
   status = json.loads((workdir / 'status.json').read_text())
   assert status['state'] == 'stopped' and status['step'] == 13
@@ -168,7 +165,7 @@ def test_sigterm_saves_marks_the_run_stopped_and_resume_equals_the_uninterrupted
   assert signal.getsignal(signal.SIGTERM) is handler_before
   monkeypatch.setattr(stop_signals.StopSignals, 'requested', requested)
 
-  resumed = train.train_and_evaluate(config, str(workdir))
+  resumed = trainer.train_and_evaluate(config, str(workdir))
   assert params_equal_bitwise(resumed.params, uninterrupted.params)
   assert params_equal_bitwise(resumed.opt_state, uninterrupted.opt_state)
   steps = [record['step'] for record in read_jsonl(workdir / 'metrics.jsonl') if 'train_loss' in record]
@@ -181,7 +178,7 @@ def test_an_exploding_finite_loss_stops_the_run_as_diverged(tmp_path, data_cache
   config.optim.update(learning_rate=1e4, warmup_steps=0, schedule='constant')
   workdir = tmp_path / 'exploding'
   with pytest.raises(run_log.DivergenceError, match='above config.train.divergence_loss_ceiling=100') as error:
-    train.train_and_evaluate(config, str(workdir))
+    trainer.train_and_evaluate(config, str(workdir))
   status = json.loads((workdir / 'status.json').read_text())
   assert status['state'] == 'diverged' and status['step'] == error.value.step
   losses = [record['train_loss'] for record in read_jsonl(workdir / 'metrics.jsonl') if 'train_loss' in record]
@@ -218,7 +215,7 @@ def test_bad_fields_are_refused_before_anything_is_written(tmp_path, data_cache,
   config[section][name] = type(config[section][name])(value)
   workdir = tmp_path / 'run'
   with pytest.raises(ValueError, match=expected.replace('(', r'\(').replace(')', r'\)')):
-    train.train_and_evaluate(config, str(workdir))
+    trainer.train_and_evaluate(config, str(workdir))
   assert not workdir.exists()
 
 
@@ -257,7 +254,7 @@ def test_a_stopped_or_killed_sweep_leaves_no_run_training_and_resumes_each_run_o
       """))
   workdir = tmp_path / 'sweep'
   run = workdir / 'norm=rms'
-  command = [sys.executable, 'scripts/sweep.py', str(spec), f'--workdir={workdir}']
+  command = [sys.executable, '-m', 'scripts.sweep', str(spec), f'--workdir={workdir}']
 
   def start_and_wait(step):
     sweep = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

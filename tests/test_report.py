@@ -113,7 +113,7 @@ def test_curves_are_coloured_by_the_first_field_and_panelled_by_the_second():
 
 
 def test_report_command_line_errors_are_one_line(tmp_path):
-  result = subprocess.run([sys.executable, 'scripts/report.py', str(tmp_path)], cwd=REPO,
+  result = subprocess.run([sys.executable, '-m', 'scripts.report', str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
   assert result.returncode != 0
   assert result.stderr.strip() == f'report.py: {tmp_path} holds no sweep.json and no run folder ' \

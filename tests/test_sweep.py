@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import train
+from training import command_line, train_state
 from experiments import sweeps
 from training.optimizer import make_optimizer
 
@@ -69,8 +69,8 @@ def test_warmup_preset_grid_names_and_depth():
 
 @pytest.mark.parametrize('preset', ['warmup', 'depth'])
 def test_preset_base_config_builds(preset):
-  config = sweeps.parse_config([f'--config={XIONG}:{preset}'])
-  model = train.build_model(config, config.data.vocab_size)
+  config = command_line.parse_config_args([f'--config={XIONG}:{preset}'])
+  model = train_state.build_model(config, config.data.vocab_size)
   tokens = jnp.ones((2, 8), jnp.int32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, tokens))
   logits = jax.eval_shape(lambda v: model.apply(v, tokens, tokens), shapes)
@@ -132,20 +132,20 @@ def write_status(run_dir, state, step):
 ])
 def test_plan_skips_finished_and_diverged_runs_and_resumes_the_rest(tmp_path, state, step, rerun_diverged,
                                                                      expected):
-  config = sweeps.parse_config([f'--config={XIONG}:norm'])
+  config = command_line.parse_config_args([f'--config={XIONG}:norm'])
   write_status(tmp_path / 'run', state, step)
   assert sweeps.plan(str(tmp_path / 'run'), config, rerun_diverged=rerun_diverged) == expected
 
 
 def test_plan_starts_new_runs_and_resumes_checkpointed_ones_without_status(tmp_path):
-  config = sweeps.parse_config([f'--config={XIONG}:norm'])
+  config = command_line.parse_config_args([f'--config={XIONG}:norm'])
   assert sweeps.plan(str(tmp_path / 'new'), config, rerun_diverged=False) == 'start'
   (tmp_path / 'old' / 'checkpoints').mkdir(parents=True)
   assert sweeps.plan(str(tmp_path / 'old'), config, rerun_diverged=False) == 'resume'
 
 
 def run_sweep_cli(*args):
-  return subprocess.run([sys.executable, 'scripts/sweep.py', *args], cwd=REPO, capture_output=True,
+  return subprocess.run([sys.executable, '-m', 'scripts.sweep', *args], cwd=REPO, capture_output=True,
                         text=True, timeout=300)
 
 

@@ -11,8 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-import train
 from configs import smoke
+from data import tokenizer as tokenizer_lib
+from training import run_log, trainer
+from training.checkpointing import Checkpointer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,7 +38,7 @@ def params_equal_bitwise(a, b):
 def finished_run(tmp_path_factory, data_cache):
   workdir = tmp_path_factory.mktemp('smoke')
   config = smoke_config(data_cache, num_steps=20, log_every=5, eval_every=10, checkpoint_every=10)
-  state = train.train_and_evaluate(config, str(workdir))
+  state = trainer.train_and_evaluate(config, str(workdir))
   return workdir, config, state
 
 
@@ -60,7 +62,7 @@ def test_run_writes_metrics_status_config_and_checkpoints(finished_run):
   assert json.load(open(workdir / 'status.json'))['state'] == 'finished'
   assert json.load(open(workdir / 'config.json'))['model']['d_model'] == 32
   assert (workdir / 'tokenizer.model').read_bytes() == open(
-      train.tokenizer_lib.get_tokenizer(config.data).model_path, 'rb').read()
+      tokenizer_lib.get_tokenizer(config.data).model_path, 'rb').read()
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['10', '20']
   assert any(name.startswith('events.out.tfevents') for name in os.listdir(workdir))
 
@@ -70,9 +72,9 @@ def test_resumed_run_equals_uninterrupted_run_bitwise(finished_run, tmp_path, da
   workdir = str(tmp_path / 'killed')
   # Killed 6 steps after the step-10 checkpoint, after the step-15 record: those 6 steps are lost
   # and redone on resume.
-  train.train_and_evaluate(config, workdir, stop_after_steps=16)
+  trainer.train_and_evaluate(config, workdir, stop_after_steps=16)
   assert json.load(open(os.path.join(workdir, 'status.json')))['state'] == 'running'
-  resumed = train.train_and_evaluate(config, workdir)
+  resumed = trainer.train_and_evaluate(config, workdir)
   assert int(resumed.step) == 20
   assert params_equal_bitwise(resumed.params, uninterrupted.params)
   assert params_equal_bitwise(resumed.opt_state, uninterrupted.opt_state)
@@ -88,12 +90,12 @@ def test_divergence_stops_cleanly_and_keeps_the_last_good_checkpoint(tmp_path, d
   config = smoke_config(data_cache, num_steps=20, checkpoint_every=1, log_every=1, eval_every=100)
   config.optim.update(learning_rate=1e30, warmup_steps=0, schedule='constant')
   workdir = str(tmp_path / 'diverged')
-  with pytest.raises(train.run_log.DivergenceError) as error:
-    train.train_and_evaluate(config, workdir)
+  with pytest.raises(run_log.DivergenceError) as error:
+    trainer.train_and_evaluate(config, workdir)
   status = json.load(open(os.path.join(workdir, 'status.json')))
   assert status['state'] == 'diverged' and status['step'] == error.value.step
   assert f'step {error.value.step}' in str(error.value)
-  checkpoints = train.Checkpointer(workdir, keep=1, save_every=1)
+  checkpoints = Checkpointer(workdir, keep=1, save_every=1)
   assert checkpoints.latest_step() == error.value.step - 1
   checkpoints.close()
 
@@ -140,7 +142,7 @@ def test_a_whole_epoch_records_its_wall_clock_time(tmp_path, data_cache):
                         checkpoint_every=10**6)
   config.data.max_tokens = 16384  # a short epoch: about 40 steps of the smoke model
   start = time.perf_counter()
-  state = train.train_and_evaluate(config, str(tmp_path))
+  state = trainer.train_and_evaluate(config, str(tmp_path))
   wall_seconds = time.perf_counter() - start
   records = read_jsonl(tmp_path / 'metrics.jsonl')
   (epoch_record,) = [r for r in records if 'epoch_finished' in r]

@@ -27,6 +27,8 @@ from etils import epath
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
+from training import run_dir
+
 PyTree = Any
 
 
@@ -99,7 +101,7 @@ class Checkpointer:
     """
     if keep < 1 or save_every < 1:
       raise ValueError(f'keep={keep} and save_every={save_every} must be >= 1.')
-    directory = epath.Path(workdir) / 'checkpoints'
+    directory = epath.Path(workdir) / run_dir.CHECKPOINT_DIR
     if not directory.is_absolute():
       directory = directory.resolve()
     self._best_metric = best_metric
@@ -251,7 +253,7 @@ class Checkpointer:
   def set_aside(self, step: int) -> epath.Path:
     """Moves a damaged checkpoint to WORKDIR/damaged_checkpoints/STEP (kept for inspection), so
     that the run can save that step again; returns where it went. Call on process 0 only."""
-    aside = self.directory.parent / 'damaged_checkpoints' / str(step)
+    aside = self.directory.parent / run_dir.DAMAGED_CHECKPOINT_DIR / str(step)
     if aside.exists():
       aside = aside.parent / f'{step}-{len(list(aside.parent.iterdir()))}'
     aside.parent.mkdir(parents=True, exist_ok=True)

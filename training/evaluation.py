@@ -4,21 +4,19 @@ import math
 from typing import Callable
 
 import jax
-import numpy as np
-import sacrebleu
-from jax.experimental import multihost_utils
 
 from data import datasets, pipeline
 from data.tokenizer import Tokenizer
-from model.translate import translate
-from training import partitioning
+from model.transformer import Transformer
+from training import partitioning, translating
 
 
 class Evaluator:
-  """Holds the split's padded batches and references, built once per run."""
+  """Holds the split's padded batches, references and compiled greedy decoder, built once per run."""
 
-  def __init__(self, config, tokenizer: Tokenizer, mesh, eval_step: Callable):
-    self._tokenizer = tokenizer
+  def __init__(self, config, tokenizer: Tokenizer, model: Transformer, mesh, eval_step: Callable):
+    """Raises ValueError when config.data.eval_batch_size does not split over the devices."""
+    translating.check_batch_size(config.data.eval_batch_size, 'config.data.eval_batch_size')
     self._mesh = mesh
     self._eval_step = eval_step
     split = config.data.eval_split
@@ -27,29 +25,19 @@ class Evaluator:
     self._references = references[:count]
     self._batches = pipeline.make_eval_batches(config.data, tokenizer, split,
                                                config.data.eval_batch_size, examples=count)
+    self._translator = translating.SplitTranslator(model, tokenizer, self._batches, mesh)
 
-  def _local_rows(self, batch: dict) -> dict:
-    """This process's share of the rows of a batch every process built identically."""
-    rows = len(batch['encoder_input_tokens']) // jax.process_count()
-    start = jax.process_index() * rows
-    return {name: value[start:start + rows] for name, value in batch.items()}
-
-  def __call__(self, model, variables, state) -> dict[str, float]:
+  def __call__(self, variables, state) -> dict[str, float]:
     """Returns eval_loss (mean NLL per target token), eval_ppl, eval_accuracy and greedy bleu."""
     totals = {'nll': 0.0, 'tokens': 0.0, 'correct': 0.0}
-    hypotheses = [''] * len(self._references)
     for batch in self._batches:
       inputs = {name: value for name, value in batch.items() if name != 'example_index'}
-      sharded = partitioning.global_batch(self._local_rows(inputs), self._mesh)
-      sums = jax.device_get(self._eval_step(state, sharded))
+      rows = translating.local_rows(inputs, len(batch['encoder_input_tokens']))
+      sums = jax.device_get(self._eval_step(state, partitioning.global_batch(rows, self._mesh)))
       for name in totals:
         totals[name] += float(sums[name])
-      tokens = multihost_utils.process_allgather(
-          translate(model, variables, sharded['encoder_input_tokens']), tiled=True)
-      for index, ids in zip(batch['example_index'], np.asarray(tokens)):
-        if index >= 0:
-          hypotheses[index] = self._tokenizer.decode(ids)
+    hypotheses, _ = self._translator(variables)
     loss = totals['nll'] / max(totals['tokens'], 1.0)
-    bleu = sacrebleu.corpus_bleu(hypotheses, [self._references])
     return {'eval_loss': loss, 'eval_ppl': math.exp(min(loss, 100.0)),
-            'eval_accuracy': totals['correct'] / max(totals['tokens'], 1.0), 'bleu': bleu.score}
+            'eval_accuracy': totals['correct'] / max(totals['tokens'], 1.0),
+            'bleu': translating.bleu(hypotheses, self._references)}

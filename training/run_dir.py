@@ -8,6 +8,7 @@ WORKDIR/status.json        running, finished, stopped, failed or diverged (train
 WORKDIR/checkpoints/       orbax checkpoints (training/checkpointing.py)
 WORKDIR/damaged_checkpoints/  checkpoints that failed to restore, moved aside by train.py
 WORKDIR/train.log          library logging
+WORKDIR/eval/              eval.py's hypotheses and scores, <split>.hyp.txt and <split>.json
 WORKDIR/run.lock           who is training the run now (`RunLock`)
 """
 
@@ -27,6 +28,7 @@ STATUS_FILE = 'status.json'
 CHECKPOINT_DIR = 'checkpoints'
 DAMAGED_CHECKPOINT_DIR = 'damaged_checkpoints'
 LOG_FILE = 'train.log'
+EVAL_DIR = 'eval'
 LOCK_FILE = 'run.lock'
 SOURCE_FILE = 'source.json'
 

@@ -1,7 +1,7 @@
 """Xiong et al. (2020), "On Layer Normalization in the Transformer Architecture", on Multi30k De->En.
 
-  python scripts/sweep.py configs/sweeps/xiong2020.py:warmup --workdir=runs/xiong_warmup
-  python scripts/report.py runs/xiong_warmup
+  python -m scripts.sweep configs/sweeps/xiong2020.py:warmup --workdir=runs/xiong_warmup
+  python -m scripts.report runs/xiong_warmup
 
 Presets (after the colon; train.py accepts them too and trains the preset's base config):
   warmup    (default) Post-LN vs Pre-LN x warmup {0, 500, 4000} x peak rate {5e-4, 1e-3} with Adam,

@@ -1,0 +1,78 @@
+"""The command line every program shares: `--config=FILE[:preset]` plus `--config.x.y=value`
+overrides, loaded and validated here only, and every command-line error as one line.
+
+train.py, the analysis scripts and the benchmarks define the flag with `define_config_flag`, parse
+with `parse_flags` and read the checked config with `config_from_flags`; scripts/sweep.py checks
+each run's arguments with `parse_config_args`, as train.py will parse them.
+"""
+
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+
+
+def define_config_flag(default: str | None = None, *, flag_values: flags.FlagValues = flags.FLAGS,
+                       sys_argv: list[str] | None = None) -> None:
+  """Defines --config; `default` is a config file path, None makes the flag required."""
+  config_flags.DEFINE_config_file('config', default, 'Config file[:preset], e.g. configs/multi30k.py:en_de.',
+                                  flag_values=flag_values, lock_config=True, sys_argv=sys_argv)
+  if default is None:
+    flags.mark_flag_as_required('config', flag_values=flag_values)
+
+
+def one_line_error(error: BaseException) -> str:
+  """The error as one line; a traceback inside it (config_flags embeds the config file's own)
+  shrinks to its last line, the exception that the config file raised."""
+  text = str(error).replace('\\n', '\n')
+  if 'Traceback (most recent call last)' in text:
+    head, _, trace = text.partition('Traceback (most recent call last)')
+    text = f'{head.strip()} {trace.strip().splitlines()[-1]}'
+  return ' '.join(text.split())
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl parsing, with any error (missing config file, unknown override key, bad value) as one line."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as error:  # config_flags raises AttributeError, IOError, flags.Error, ...
+    raise SystemExit(f'invalid command line: {one_line_error(error)}') from None
+
+
+def _checked(flag_values: flags.FlagValues) -> ml_collections.ConfigDict:
+  # Imported here: it loads JAX (through the model config), which scripts/report.py, reading
+  # sweep folders through experiments/sweeps.py, has no use for.
+  from training import validation  # pylint: disable=g-import-not-at-top
+  try:
+    config = flag_values.config
+    config.keys()  # config_flags loads the file and applies overrides lazily, on first use
+  except Exception as error:  # IOError, AttributeError (unknown key), flags.Error, ...
+    raise ValueError(f'invalid command line: {one_line_error(error)}') from None
+  try:
+    validation.check_config(config)
+  except ValueError as error:
+    raise ValueError(f'invalid config: {error}') from None
+  return config
+
+
+def config_from_flags() -> ml_collections.ConfigDict:
+  """The parsed --config, validated (training/validation.py), or SystemExit with one line."""
+  try:
+    return _checked(flags.FLAGS)
+  except ValueError as error:
+    raise SystemExit(str(error)) from None
+
+
+def parse_config_args(args: list[str]) -> ml_collections.ConfigDict:
+  """The validated config that train.py would build from `args` (other flags are ignored).
+
+  Raises:
+    ValueError: one line, as train.py would print it.
+  """
+  argv = ['train.py', *(arg for arg in args if arg.startswith('--config'))]
+  flag_values = flags.FlagValues()
+  define_config_flag(flag_values=flag_values, sys_argv=argv)
+  try:
+    flag_values(argv)
+  except Exception as error:  # flags.Error, AttributeError, IOError, ...
+    raise ValueError(f'invalid command line: {one_line_error(error)}') from None
+  return _checked(flag_values)

@@ -1,0 +1,90 @@
+"""The train state, and the functions that step and evaluate it (jitted by the trainer).
+
+Dimensions: B pairs, S source length, T target length.
+"""
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from model import losses
+from model.config import ModelConfig
+from model.transformer import Transformer
+from training import partitioning
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jnp.ndarray
+  params: Any
+  opt_state: Any
+  # BatchNorm running averages; an empty dict for every other norm.
+  batch_stats: Any
+
+
+def model_variables(params, batch_stats) -> dict:
+  return {'params': params, **({'batch_stats': batch_stats} if batch_stats else {})}
+
+
+def build_model(config: ml_collections.ConfigDict, vocab_size: int) -> Transformer:
+  return Transformer(ModelConfig.from_config(config.model, source_vocab_size=vocab_size,
+                                             target_vocab_size=vocab_size))
+
+
+def create_train_state(model: Transformer, tx: optax.GradientTransformation, seed: int,
+                       mesh: jax.sharding.Mesh | None = None) -> TrainState:
+  """Initialises parameters from `seed`; with a `mesh`, under `jax.jit`, replicated over it.
+
+  With a mesh the state is created where it lives: each device computes its own copy, and no host
+  copy is made and then transferred. Without one it is computed eagerly, which for a deep model
+  is faster than compiling the init (analyses); both give bitwise the same values (the PRNG is
+  counter-based). Shapes do not depend on the dummy inputs' lengths.
+  """
+  def init() -> TrainState:
+    dummy = jnp.ones((1, 8), jnp.int32)
+    variables = model.init(jax.random.PRNGKey(seed), dummy, dummy, train=False)
+    params = variables['params']
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      batch_stats=variables.get('batch_stats', {}))
+
+  if mesh is None:
+    return init()
+  shardings = jax.tree.map(lambda _: partitioning.replicated(mesh), jax.eval_shape(init))
+  return jax.jit(init, out_shardings=shardings)()
+
+
+def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.GradientTransformation,
+               label_smoothing: float, dropout_key: jax.Array) -> tuple[TrainState, dict]:
+  """One optimizer step on a (global) batch; the loss is the mean over its real target tokens.
+
+  Dropout uses fold_in(dropout_key, step), so it does not depend on how many hosts or devices
+  share the batch.
+  """
+  step_key = jax.random.fold_in(dropout_key, state.step)
+
+  def loss_fn(params):
+    logits, updates = model.apply(
+        model_variables(params, state.batch_stats), batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'], train=True, rngs={'dropout': step_key}, mutable=['batch_stats'])
+    sums = losses.weighted_sums(logits, batch['decoder_target_tokens'],
+                                batch['decoder_target_weights'], label_smoothing)
+    return sums['loss'] / jnp.maximum(sums['tokens'], 1.0), (sums, updates)
+
+  (loss, (sums, updates)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  param_updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, param_updates),
+                            opt_state=opt_state, batch_stats=updates.get('batch_stats', state.batch_stats))
+  metrics = {'train_loss': loss, 'train_nll': sums['nll'] / jnp.maximum(sums['tokens'], 1.0),
+             'grad_norm': optax.tree.norm(grads), 'target_tokens': sums['tokens']}
+  return new_state, metrics
+
+
+def eval_step(state: TrainState, batch: dict, *, model: Transformer) -> dict:
+  """Sums of the unsmoothed loss over the batch's real target tokens."""
+  logits = model.apply(model_variables(state.params, state.batch_stats), batch['encoder_input_tokens'],
+                       batch['decoder_input_tokens'], train=False)
+  return losses.weighted_sums(logits, batch['decoder_target_tokens'], batch['decoder_target_weights'])

@@ -1,0 +1,145 @@
+"""A trained model opened from a run folder: config, tokenizer, model and (averaged) variables.
+
+What eval.py and the scripts that look inside a trained model (attention maps) start from.
+"""
+
+import os
+import sys
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from data import datasets, tokenizer as tokenizer_lib
+from model.transformer import Transformer
+from training import averaging, partitioning, run_dir, train_state, validation
+from training.checkpointing import Checkpointer, DamagedCheckpointError, first_mismatch
+
+_CHECKPOINT_FORMS = "'last', 'best', a saved step such as 3000, or 'avg:N' with N >= 1"
+
+
+class Restored(NamedTuple):
+  """What `restore` rebuilds from a workdir; `steps` are the checkpoints behind `variables`."""
+  config: ml_collections.ConfigDict
+  tokenizer: tokenizer_lib.Tokenizer
+  model: Transformer
+  variables: dict
+  steps: list[int]
+
+
+def parse_checkpoint(spec: str) -> tuple[str, int | None]:
+  """'last' -> ('last', None), 'best' -> ('best', None), '3000' -> ('step', 3000), 'avg:5' -> ('avg', 5)."""
+  if spec in ('last', 'best'):
+    return spec, None
+  kind, number = ('avg', spec[len('avg:'):]) if spec.startswith('avg:') else ('step', spec)
+  # isdigit() also turns away '', '-1' and '1.5'.
+  if not number.isdigit() or (kind == 'avg' and int(number) < 1):
+    raise ValueError(f'--checkpoint={spec!r} is not {_CHECKPOINT_FORMS}')
+  return kind, int(number)
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The resolved config train.py saved as WORKDIR/config.json, checked."""
+  path = run_dir.path(workdir, run_dir.CONFIG_FILE)
+  try:
+    resolved = run_dir.read_config(workdir)
+  except ValueError as error:  # json.JSONDecodeError
+    raise ValueError(f'{path}: {error}') from None
+  if resolved is None:
+    raise ValueError(f'no {run_dir.CONFIG_FILE} in {workdir}: not a run directory of train.py')
+  try:
+    config = ml_collections.ConfigDict(resolved)
+    validation.check_config(config)
+  except ValueError as error:
+    raise ValueError(f'{path}: {error}') from None
+  return config
+
+
+def checkpoint_steps(checkpointer: Checkpointer, kind: str, number: int | None) -> list[int]:
+  """The saved steps that --checkpoint names (several for 'avg:N')."""
+  saved = checkpointer.all_steps()
+  listing = f'{checkpointer.directory} holds steps {", ".join(map(str, saved))}'
+  if kind == 'avg':
+    return averaging.latest_steps(checkpointer, number)
+  if kind == 'best':
+    best = checkpointer.best_step()
+    if best is None:
+      raise ValueError(f'--checkpoint=best: no checkpoint has a validation loss; {listing}')
+    return [best]
+  step = checkpointer.latest_step() if kind == 'last' else number
+  if step not in saved:
+    raise ValueError(f'--checkpoint={step}: no such checkpoint; {listing}')
+  return [step]
+
+
+def restore_target(checkpointer: Checkpointer, step: int, model: Transformer, mesh) -> dict:
+  """Abstract arrays of the train state saved at `step`, replicated on `mesh`, from its metadata.
+
+  As a restore target it fits whatever optimizer the run used, and it lets a shape mismatch be
+  found before restoring: a restore that fails part-way leaves orbax's pending reads printing
+  pages of TensorStore specs.
+
+  Raises:
+    DamagedCheckpointError: the checkpoint's metadata cannot be read.
+    ValueError: the checkpoint does not fit `model`.
+  """
+  sharding = partitioning.replicated(mesh)
+  target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                        checkpointer.saved_structure(step))
+  dummy = jnp.ones((1, 8), jnp.int32)
+  expected = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), dummy, dummy, train=False))
+  mismatch = first_mismatch(expected, train_state.model_variables(target['params'], target['batch_stats']))
+  if mismatch:
+    raise ValueError(f'checkpoint at {checkpointer.directory / str(step)} does not match the model of '
+                     f'{run_dir.path(os.path.dirname(checkpointer.directory), run_dir.CONFIG_FILE)}: '
+                     f'{mismatch}')
+  return target
+
+
+def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
+  """Rebuilds tokenizer and model from WORKDIR/config.json and restores (or averages) variables.
+
+  Every check of the command line and of the workdir runs before the tokenizer is loaded. With
+  --checkpoint=last a checkpoint that cannot be read is reported on stderr in one line and the
+  next older one is used; a damaged checkpoint named any other way is refused.
+
+  Raises:
+    ValueError: with a one-line message, for any bad input.
+  """
+  kind, number = parse_checkpoint(checkpoint)
+  config = load_config(workdir)
+  if split is not None:
+    datasets.check_split(config.data.dataset, split)
+  # Read-only: the run may still be training, and a save of it in progress must stay.
+  checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
+                              save_every=config.train.checkpoint_every, read_only=True)
+  select = lambda state: train_state.model_variables(state['params'], state['batch_stats'])
+  try:
+    if not checkpointer.all_steps():
+      raise ValueError(f'no checkpoint in {checkpointer.directory}: train.py has not saved one yet')
+    steps = checkpoint_steps(checkpointer, kind, number)
+    tokenizer_path = run_dir.path(workdir, run_dir.TOKENIZER_FILE)
+    if not os.path.exists(tokenizer_path):
+      raise ValueError(f'no {run_dir.TOKENIZER_FILE} in {workdir}: not a workdir written by train.py')
+    tokenizer = tokenizer_lib.Tokenizer(tokenizer_path)
+    model = train_state.build_model(config, tokenizer.vocab_size)
+    # With 'last', older checkpoints stand in for a damaged newest one.
+    candidates = sorted(checkpointer.all_steps(), reverse=True) if kind == 'last' else [steps]
+    for candidate in candidates:
+      candidate_steps = candidate if isinstance(candidate, list) else [candidate]
+      try:
+        # Checkpoints of one run share a structure: the newest one stands for all of them.
+        target = restore_target(checkpointer, candidate_steps[-1], model, mesh)
+        # The mean of one checkpoint is the checkpoint itself.
+        variables = averaging.load_average(checkpointer, candidate_steps, target, select=select)
+      except DamagedCheckpointError as error:
+        if kind != 'last':
+          others = [step for step in checkpointer.all_steps() if step != error.step]
+          raise ValueError(f'{error}; other saved steps: {", ".join(map(str, others)) or "none"}') from None
+        print(f'{error}; trying the next older checkpoint', file=sys.stderr, flush=True)
+        continue
+      return Restored(config, tokenizer, model, variables, candidate_steps)
+    raise ValueError(f'no checkpoint in {checkpointer.directory} can be restored')
+  finally:
+    checkpointer.close()

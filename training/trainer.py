@@ -1,0 +1,323 @@
+"""The training loop: `train_and_evaluate(config, workdir)`, which train.py runs.
+
+Re-running on an existing workdir resumes from its latest intact checkpoint (params, optimizer
+state, step and data-iterator position; dropout keys derive from the step). What the workdir
+holds is training/run_dir.py's to say.
+"""
+
+import contextlib
+import functools
+import math
+import os
+import shutil
+import time
+
+from absl import logging
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from data import datasets, pipeline, tokenizer as tokenizer_lib
+from model import flops as flops_lib
+from model.transformer import Transformer
+from training import partitioning, run_dir, run_log, stop_signals, train_state, validation
+from training.checkpointing import Checkpointer
+from training.evaluation import Evaluator
+from training.optimizer import make_optimizer
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       stop_after_steps: int | None = None) -> train_state.TrainState:
+  """Trains to config.train.num_steps (or num_epochs), resuming from `workdir` if it has checkpoints.
+
+  Before anything is written: the config is checked, the run folder locked (one process group
+  trains a run at a time) and, on resume, the config compared with the run's config.json.
+
+  Args:
+    config: the full experiment config (configs/base.py fields).
+    workdir: run directory.
+    stop_after_steps: leave after this many steps of this invocation without a final save, as a
+      killed run would (tests of exact resumption).
+
+  Returns:
+    The final train state.
+
+  Raises:
+    ValueError: a bad config field (one line).
+    run_dir.RunFolderError: the folder is locked by another run, or holds a run of another config.
+    training.checkpointing.CheckpointError: no checkpoint of the run can be restored.
+    run_log.DivergenceError: the run diverged (status.json says so).
+    stop_signals.RunStopped: SIGTERM or SIGINT stopped the run after saving (status `stopped`).
+  """
+  validation.check_config(config)
+  os.makedirs(workdir, exist_ok=True)
+  with claim_run_folder(workdir):
+    changes = run_dir.check_resume(workdir, config)
+    run_dir.check_source(workdir, datasets.source_fingerprint(config.data))
+    return _train(config, workdir, changes, stop_after_steps)
+
+
+def load_run_tokenizer(workdir: str, data_config) -> tokenizer_lib.Tokenizer:
+  """The run's own vocabulary: WORKDIR/tokenizer.model, copied there from the cache on first start.
+
+  Keeping a copy in the workdir means resuming and eval.py never depend on a cache that may have
+  been cleared or rebuilt. Process 0 prepares data and tokenizer first, so processes sharing a
+  cache never race.
+  """
+  target = run_dir.path(workdir, run_dir.TOKENIZER_FILE)
+  if jax.process_index() == 0 and not os.path.exists(target):
+    cached = tokenizer_lib.get_tokenizer(data_config)
+    shutil.copyfile(cached.model_path, target + '.tmp')
+    os.replace(target + '.tmp', target)
+  multihost_utils.sync_global_devices('data and tokenizer prepared')
+  return tokenizer_lib.Tokenizer(target)
+
+
+@contextlib.contextmanager
+def claim_run_folder(workdir: str):
+  """Holds `workdir`'s RunLock for the block: taken by process 0, honoured by every process."""
+  lock = run_dir.RunLock(workdir)
+  refusal = None
+  if jax.process_index() == 0:
+    try:
+      lock.acquire()
+    except run_dir.RunFolderError as error:
+      refusal = error
+  if jax.process_count() > 1:
+    if not multihost_utils.broadcast_one_to_all(np.int32(refusal is None)):
+      raise refusal or run_dir.RunFolderError(f'{workdir} is being trained by another run '
+                                              '(process 0 could not lock it)')
+  elif refusal is not None:
+    raise refusal
+  try:
+    yield
+  finally:
+    lock.release()
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict,
+           stop_after_steps: int | None) -> train_state.TrainState:
+  """train_and_evaluate's work once the folder is claimed and the config accepted."""
+  run_start = time.perf_counter()
+  is_primary = jax.process_index() == 0
+  console = run_log.Console() if is_primary else None
+  say = console.line if console else lambda text: None
+  if is_primary:
+    for name, (old, new) in changes.items():
+      if old is not None:  # not a field added to the code since the run started
+        say(f'{name} changed from {old!r} to {new!r} since this run started')
+    run_dir.write_config(workdir, config)
+    run_dir.write_source(workdir, datasets.source_fingerprint(config.data))
+    logging.info('config:\n%s', config)
+
+  say('preparing data and tokenizer (minutes on a dataset\'s first use, then cached)')
+  tokenizer = load_run_tokenizer(workdir, config.data)
+  model = train_state.build_model(config, tokenizer.vocab_size)
+  mesh = partitioning.make_mesh()
+  train_iter = pipeline.make_train_iterator(
+      config.data, tokenizer, seed=config.train.seed, process_index=jax.process_index(),
+      process_count=jax.process_count(), batch_multiple=jax.local_device_count())
+  steps_per_epoch = train_iter.batches_per_epoch
+  total_steps = validation.total_steps(config.train, steps_per_epoch)
+  tx, schedule = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
+
+  state = train_state.create_train_state(model, tx, config.train.seed, mesh)
+  checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
+                              save_every=config.train.checkpoint_every)
+  latest = None
+  if checkpointer.all_steps():
+    latest, state, extra = checkpointer.restore_newest_intact(
+        state, on_damaged=lambda error: say(f'{error}; trying the next older checkpoint'))
+    train_iter.set_state(extra['data_iterator'])
+    logging.info('resumed from step %d', latest)
+    # Newer checkpoints failed to restore: kept aside, so this run can save those steps anew.
+    for damaged in [step for step in checkpointer.all_steps() if step > latest]:
+      aside = checkpointer.set_aside(damaged) if is_primary else None
+      say(f'moved the damaged checkpoint of step {damaged} to {aside}')
+    multihost_utils.sync_global_devices('damaged checkpoints set aside')
+
+  dropout_key = jax.random.PRNGKey(config.train.seed + 1)
+  jit_train_step = jax.jit(
+      functools.partial(train_state.train_step, model=model, tx=tx,
+                        label_smoothing=config.train.label_smoothing, dropout_key=dropout_key),
+      in_shardings=(partitioning.replicated(mesh), partitioning.batch_sharded(mesh)),
+      out_shardings=(partitioning.replicated(mesh), partitioning.replicated(mesh)),
+      donate_argnums=0)
+  evaluator = Evaluator(config, tokenizer, model, mesh,
+                        jax.jit(functools.partial(train_state.eval_step, model=model)))
+
+  step = int(state.step)
+  writer = run_log.MetricsWriter(workdir, is_primary=is_primary, start_step=step)
+  say(describe_data(config.data, train_iter, tokenizer))
+  say(describe_model(model, state.params, total_steps, latest))
+  earlier_evals = [record for record in writer.previous_records if 'eval_loss' in record]
+  loss_watch = run_log.LossWatch(
+      ceiling=config.train.divergence_loss_ceiling, growth=config.train.divergence_growth,
+      lowest=min((record['train_loss'] for record in writer.previous_records if 'train_loss' in record),
+                 default=math.inf))
+  last_saved = latest or 0
+  best = {'eval_loss': min((record['eval_loss'] for record in earlier_evals), default=math.inf),
+          'bleu': max((record['bleu'] for record in earlier_evals), default=-math.inf)}
+  if is_primary:
+    run_log.write_status(workdir, 'running', step=step)
+    console.start(total_steps, initial_step=step)
+  window: list[dict] = []
+  window_start = time.perf_counter()
+  epoch = 0
+  # Wall-clock start of the epoch being trained; None when this invocation began inside it.
+  # Epoch time is everything: data, steps, evaluation, checkpoints, compiling.
+  epoch_start: float | None = None
+  pending = None  # (step, device metrics) of the latest step, fetched once the next one is queued
+  compile_seconds: dict[tuple, float] = {}  # per padded batch shape [B, T, S], this invocation
+
+  def settle():
+    """Fetches the pending step's metrics (waiting for it) and stops the run if they are not finite."""
+    nonlocal pending
+    if pending is not None:
+      done_step, device_metrics = pending
+      pending = None
+      host = jax.device_get(device_metrics)
+      run_log.check_finite(done_step, host['train_loss'], host['grad_norm'])
+      window.append(host)
+
+  def record_epoch_time():
+    """Writes how long the epoch just finished took, if this invocation saw all of it."""
+    if epoch_start is not None:
+      seconds = time.perf_counter() - epoch_start
+      writer.write(step, {'epoch_finished': epoch, 'epoch_seconds': seconds})
+      logging.info('epoch %d finished at step %d in %.1f s', epoch, step, seconds)
+
+  def save(at_step, metrics=None, force=False):
+    checkpointer.save(at_step, state, {'data_iterator': train_iter.get_state(), 'epoch': epoch},
+                      metrics=metrics, force=force)
+
+  # From here on SIGTERM and SIGINT stop the run at the end of a step (before, they end it at once).
+  signals = stop_signals.StopSignals(multiprocess=jax.process_count() > 1)
+  signals.install()
+  try:
+    steps_this_run = 0
+    while step < total_steps:
+      local_batch = next(train_iter)
+      batch_epoch = int(local_batch.pop('epoch'))
+      if batch_epoch != epoch or steps_this_run == 0:
+        record_epoch_time()
+        epoch_start = time.perf_counter() if step % steps_per_epoch == 0 else None
+      epoch = batch_epoch
+      shape = tuple(local_batch['decoder_input_tokens'].shape) + local_batch['encoder_input_tokens'].shape[1:]
+      dispatch_start = time.perf_counter()
+      state, device_metrics = jit_train_step(state, partitioning.global_batch(local_batch, mesh))
+      if shape not in compile_seconds:
+        # A new padded shape: the call above traced and compiled before dispatching.
+        compile_seconds[shape] = time.perf_counter() - dispatch_start
+        logging.info('train step compiled for batch shape %s in %.1f s (%d shapes so far)', shape,
+                     compile_seconds[shape], len(compile_seconds))
+        window_start += compile_seconds[shape]  # compiling is not training throughput
+      settle()  # the step before this one, while this one runs
+      step += 1
+      steps_this_run += 1
+      pending = (step, device_metrics)
+      at_end = step == total_steps
+      if step % config.train.log_every == 0 or at_end:
+        settle()
+        elapsed = time.perf_counter() - window_start
+        record = {
+            'epoch': epoch,
+            'train_loss': float(np.mean([m['train_loss'] for m in window])),
+            'train_nll': float(np.mean([m['train_nll'] for m in window])),
+            'grad_norm': float(window[-1]['grad_norm']),
+            'learning_rate': float(schedule(step - 1)),
+            'tokens_per_sec': float(sum(m['target_tokens'] for m in window)) / elapsed,
+            'compiled_shapes': len(compile_seconds),
+            'compile_seconds': float(sum(compile_seconds.values())),
+        }
+        writer.write(step, record)
+        loss_watch.check(step, record['train_loss'])
+        if console:
+          console.update(step, epoch=epoch, loss=record['train_loss'], lr=record['learning_rate'],
+                         tok_s=record['tokens_per_sec'])
+        window, window_start = [], time.perf_counter()
+      elif console:
+        console.step(step)
+      eval_metrics = None
+      pause_start = time.perf_counter()
+      if step % config.train.eval_every == 0 or at_end:
+        settle()
+        eval_metrics = evaluator(train_state.model_variables(state.params, state.batch_stats), state)
+        writer.write(step, eval_metrics)
+        logging.info('step %d: %s', step, eval_metrics)
+        say(describe_validation(step, eval_metrics, best))
+      if step % config.train.checkpoint_every == 0 or at_end:
+        settle()
+        save(step, {'val_loss': eval_metrics['eval_loss']} if eval_metrics else None, force=at_end)
+        last_saved = step
+      # Evaluation and saving are not training: keep them out of tokens_per_sec.
+      window_start += time.perf_counter() - pause_start
+      if stop_after_steps is not None and steps_this_run >= stop_after_steps:
+        checkpointer.wait_until_finished()
+        return state
+      signum = signals.requested(step)
+      if signum is not None and not at_end:
+        settle()
+        due = config.train.save_on_stop_after and step - last_saved >= config.train.save_on_stop_after
+        if due:
+          save(step, force=True)
+        checkpointer.wait_until_finished()
+        raise stop_signals.RunStopped(signum, step, saved=bool(due))
+    settle()
+    if step % steps_per_epoch == 0:
+      record_epoch_time()
+  except run_log.DivergenceError as error:
+    logging.error('%s', error)
+    if is_primary:
+      run_log.write_status(workdir, 'diverged', step=error.step, message=str(error))
+    raise
+  except stop_signals.RunStopped as stopped:
+    if is_primary:
+      run_log.write_status(workdir, 'stopped', step=stopped.step, message=str(stopped))
+    raise
+  except BaseException as error:
+    if is_primary:
+      run_log.write_status(workdir, 'failed', step=step, message=f'{type(error).__name__}: {error}')
+    raise
+  finally:
+    signals.uninstall()
+    checkpointer.close()
+    writer.close()
+    if console:
+      console.close()
+  if is_primary:
+    run_log.write_status(workdir, 'finished', step=step)
+    best_step = checkpointer.best_step()
+    say(f'finished at step {step} in {(time.perf_counter() - run_start) / 60:.1f} min; run folder '
+        f'{workdir}' + (f', best checkpoint step {best_step}' if best_step is not None else ''))
+  return state
+
+
+def describe_data(data_config, train_iter: pipeline.TrainIterator, tokenizer) -> str:
+  """The console's line about the prepared data."""
+  source, target = datasets.language_pair(data_config)
+  return (f'data: {data_config.dataset} {source}->{target}, {train_iter.num_pairs:,} training pairs '
+          f'in {train_iter.batches_per_epoch} batches per epoch ({train_iter.num_filtered} longer than '
+          f'max_length={data_config.max_length} left out), vocabulary {tokenizer.vocab_size:,}; '
+          f'cached in {datasets.cache_dir(data_config)}')
+
+
+def describe_model(model: Transformer, params, total_steps: int, resumed_from: int | None) -> str:
+  """The console's line about the model and the run's length."""
+  cfg = model.config
+  parameters = sum(leaf.size for leaf in jax.tree.leaves(params))
+  # Per target token of a training step on 32-token pairs (FLOPs grow with length).
+  flops = flops_lib.train_step_flops(cfg, 1, 32, 32) / 32
+  start = f'resuming at step {resumed_from}' if resumed_from is not None else 'starting'
+  return (f'model: {cfg.num_encoder_layers}+{cfg.num_decoder_layers} layers, d_model {cfg.d_model}, '
+          f'{parameters / 1e6:.2f}M parameters, {flops / 1e6:.3g} MFLOP per target token to train; '
+          f'{start}, {total_steps} steps')
+
+
+def describe_validation(step: int, metrics: dict, best: dict) -> str:
+  """The console's line for one validation; updates `best` (lowest eval_loss, highest bleu)."""
+  best['eval_loss'] = min(best['eval_loss'], metrics['eval_loss'])
+  best['bleu'] = max(best['bleu'], metrics['bleu'])
+  return (f'step {step}: validation loss {metrics["eval_loss"]:.3f} (best {best["eval_loss"]:.3f}), '
+          f'greedy BLEU {metrics["bleu"]:.2f} (best {best["bleu"]:.2f})')

@@ -1,0 +1,133 @@
+"""Translating a split and scoring it: the one path in-training validation and eval.py share.
+
+`SplitTranslator` decodes a split's length-grouped batches with a compiled executable per batch
+shape (compiled on first use, timed apart from decoding, reused by every later call, such as each
+validation of a run); on several hosts each process feeds its own rows and the hypotheses are
+gathered on every process. `score` computes every sacrebleu score of eval.py's report.
+"""
+
+import time
+
+import jax
+import numpy as np
+import sacrebleu
+import sacremoses
+from jax.experimental import multihost_utils
+
+from data import datasets
+from data.tokenizer import Tokenizer
+from model.translate import translate
+from model.transformer import Transformer
+from training import partitioning
+
+# Upper ends of the source-length buckets in words; longer sources form the last bucket.
+BUCKET_ENDS = (10, 20, 30, 40)
+# Whether the dataset's tokenized references went through Moses' normalize-punctuation.perl:
+# Multi30k's lc.norm.tok files did, fairseq's prepare-iwslt14.sh does not normalise.
+_REFERENCES_NORMALISED = {'multi30k': True, 'iwslt14': False}
+
+
+def check_batch_size(batch_size: int, name: str) -> None:
+  """Raises ValueError unless `batch_size` (named `name` in the message) splits over all devices."""
+  if batch_size % jax.device_count():
+    raise ValueError(f'{name}={batch_size} must be a multiple of the {jax.device_count()} devices')
+
+
+def local_rows(batch: dict, rows_of_all_processes: int) -> dict:
+  """This process's share of the rows of a batch every process built identically."""
+  rows = rows_of_all_processes // jax.process_count()
+  start = jax.process_index() * rows
+  return {name: value[start:start + rows] for name, value in batch.items()}
+
+
+class SplitTranslator:
+  """Best hypotheses of a fixed list of batches, detokenised, in example order."""
+
+  def __init__(self, model: Transformer, tokenizer: Tokenizer, batches: list[dict], mesh,
+               **settings):
+    """Args: batches from pipeline.make_eval_batches (every process the same); settings are
+    `model.translate.translate`'s keyword arguments (beam_size, length_penalty, ...)."""
+    self._model, self._tokenizer, self._batches, self._mesh = model, tokenizer, batches, mesh
+    # The length penalty is a traced argument of the compiled call: lowered with it always.
+    self._settings = {'length_penalty': 1.0, **settings}
+    self._executables = {}
+    self.num_examples = sum(int((batch['example_index'] >= 0).sum()) for batch in batches)
+
+  def __call__(self, variables) -> tuple[list[str], dict]:
+    """Hypotheses in example order, and {'compile_s', 'decode_s', 'sentences_per_sec'}.
+
+    Args:
+      variables: the model's variables, replicated on the mesh.
+    """
+    inputs = [partitioning.global_batch(
+        local_rows({'tokens': batch['encoder_input_tokens']}, len(batch['encoder_input_tokens'])),
+        self._mesh)['tokens'] for batch in self._batches]
+    start = time.perf_counter()
+    for tokens in inputs:
+      if tokens.shape not in self._executables:
+        self._executables[tokens.shape] = translate.lower(
+            self._model, variables, tokens, **self._settings).compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    # A compiled call takes the traced arguments only: the length penalty is one of them.
+    length_penalty = self._settings['length_penalty']
+    outputs = [self._executables[tokens.shape](variables, tokens, length_penalty=length_penalty)
+               for tokens in inputs]
+    outputs = [np.asarray(multihost_utils.process_allgather(output, tiled=True))
+               for output in outputs]  # waits for the devices
+    decode_s = time.perf_counter() - start
+    hypotheses = [''] * self.num_examples
+    for batch, tokens in zip(self._batches, outputs):
+      for index, ids in zip(batch['example_index'], tokens):
+        if index >= 0:
+          # Byte-fallback pieces can decode to line breaks, which would misalign a hyp file.
+          hypotheses[index] = ' '.join(self._tokenizer.decode(ids).splitlines())
+    return hypotheses, {'compile_s': compile_s, 'decode_s': decode_s,
+                        'sentences_per_sec': len(hypotheses) / max(decode_s, 1e-9)}
+
+
+def bleu(hypotheses: list[str], references: list[str]) -> float:
+  """Detokenised, cased corpus BLEU (sacrebleu's defaults, as in eval.py's report)."""
+  return sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score
+
+
+def tokenize_like_references(lines: list[str], data_config) -> list[str]:
+  """Hypotheses in the form of SplitText.reference_tokenized, for tokenized BLEU."""
+  if data_config.dataset_config == 'tokenized':
+    # The model was trained on, and so writes, the tokenized text itself.
+    return list(lines)
+  normaliser = sacremoses.MosesPunctNormalizer(lang=data_config.target_lang)
+  tokenizer = sacremoses.MosesTokenizer(lang=data_config.target_lang)
+  normalise = _REFERENCES_NORMALISED[data_config.dataset]
+  # escape=True as tokenizer.perl's default, which wrote both datasets' references ("&apos;s").
+  return [tokenizer.tokenize(normaliser.normalize(line) if normalise else line, escape=True,
+                             return_str=True).lower() for line in lines]
+
+
+def length_buckets(sources: list[str], hypotheses: list[str], references: list[str]) -> list[dict]:
+  """Count and detokenised BLEU (None when empty) of each source-length bucket, in words."""
+  starts = (1,) + tuple(end + 1 for end in BUCKET_ENDS)
+  names = [f'{start}-{end}' for start, end in zip(starts, BUCKET_ENDS)] + [f'{starts[-1]}+']
+  bucket_of = np.searchsorted(BUCKET_ENDS, [len(source.split()) for source in sources])
+  buckets = []
+  for i, name in enumerate(names):
+    members = np.flatnonzero(bucket_of == i)
+    hyps, refs = [hypotheses[j] for j in members], [references[j] for j in members]
+    buckets.append({'source_words': name, 'count': len(hyps), 'bleu': bleu(hyps, refs) if hyps else None})
+  return buckets
+
+
+def score(hypotheses: list[str], text: datasets.SplitText, data_config) -> dict:
+  """Every score of the JSON report, computed by sacrebleu."""
+  detokenised_bleu, chrf, tokenized_bleu = (sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF(),
+                                            sacrebleu.metrics.BLEU(tokenize='none'))
+  return {
+      'bleu': detokenised_bleu.corpus_score(hypotheses, [text.reference]).score,
+      'bleu_signature': str(detokenised_bleu.get_signature()),
+      'chrf': chrf.corpus_score(hypotheses, [text.reference]).score,
+      'chrf_signature': str(chrf.get_signature()),
+      'tokenized_bleu': tokenized_bleu.corpus_score(
+          tokenize_like_references(hypotheses, data_config), [text.reference_tokenized]).score,
+      'tokenized_bleu_signature': str(tokenized_bleu.get_signature()),
+      'buckets': length_buckets(text.source, hypotheses, text.reference),
+  }
