@@ -11,10 +11,12 @@ import textwrap
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from training import partitioning, run_dir, run_log, stop_signals, trained_model, trainer
+from training import partitioning, run_dir, run_log, stop_signals, train_state, trained_model, trainer
 from training.checkpointing import CheckpointError
 from tests.test_train import params_equal_bitwise, read_jsonl, run_train_cli, smoke_config
 
@@ -183,6 +185,25 @@ def test_an_exploding_finite_loss_stops_the_run_as_diverged(tmp_path, data_cache
   assert status['state'] == 'diverged' and status['step'] == error.value.step
   losses = [record['train_loss'] for record in read_jsonl(workdir / 'metrics.jsonl') if 'train_loss' in record]
   assert np.isfinite(losses[-1]) and losses[-1] > 100
+
+
+def test_the_device_metrics_window_sums_steps_and_keeps_the_first_non_finite_one():
+  steps = [(2.0, 1.0, 10.0), (4.0, float('nan'), 20.0), (float('inf'), 3.0, 30.0), (6.0, 2.0, 40.0)]
+  window = train_state.empty_metrics_window()
+  for step, (loss, grad_norm, tokens) in enumerate(steps, start=101):
+    metrics = {'train_loss': jnp.float32(loss), 'train_nll': jnp.float32(loss / 2),
+               'grad_norm': jnp.float32(grad_norm), 'target_tokens': jnp.float32(tokens)}
+    window = jax.jit(train_state.accumulate_metrics)(window, metrics, jnp.int32(step))
+  assert int(window['steps']) == 4 and float(window['target_tokens']) == 100.0
+  assert float(window['grad_norm']) == 2.0  # the latest step's
+  assert int(window['nonfinite_step']) == 102
+  assert float(window['nonfinite_loss']) == 4.0 and np.isnan(window['nonfinite_grad_norm'])
+  clean = train_state.empty_metrics_window()
+  for loss in (2.0, 4.0):
+    clean = train_state.accumulate_metrics(clean, {'train_loss': jnp.float32(loss), 'train_nll': jnp.float32(1.0),
+                                                   'grad_norm': jnp.float32(1.0), 'target_tokens': jnp.float32(1.0)},
+                                           jnp.int32(1))
+  assert float(clean['train_loss'] / clean['steps']) == 3.0 and int(clean['nonfinite_step']) == 0
 
 
 def test_loss_watch_by_ceiling_and_by_growth_over_the_lowest():

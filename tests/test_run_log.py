@@ -2,7 +2,6 @@
 
 import io
 import json
-import math
 import os
 
 import jax.numpy as jnp
@@ -86,21 +85,6 @@ def test_invalid_status_raises(tmp_path):
   with pytest.raises(ValueError, match="'done' is not one of: running, finished"):
     run_log.write_status(str(tmp_path), 'done')
   assert not (tmp_path / 'status.json').exists()
-
-
-@pytest.mark.parametrize('loss, grad_norm, bad', [
-    (float('nan'), 1.0, 'loss=nan'),
-    (jnp.float32(2.0), jnp.float32(jnp.inf), 'grad_norm=inf'),
-    (-math.inf, 1.0, 'loss=-inf'),
-])
-def test_check_finite_raises(loss, grad_norm, bad):
-  with pytest.raises(run_log.DivergenceError, match=f'at step 1234: .*{bad}') as err:
-    run_log.check_finite(1234, loss, grad_norm)
-  assert err.value.step == 1234
-
-
-def test_check_finite_passes_finite_values():
-  run_log.check_finite(1, jnp.float32(2.0), 0.5)
 
 
 class _Terminal(io.StringIO):

@@ -239,22 +239,6 @@ class DivergenceError(RuntimeError):
         'or set config.optim.clip_norm.')
 
 
-def check_finite(step: int, loss: Any, grad_norm: Any) -> None:
-  """Raises `DivergenceError` if `loss` or `grad_norm` is NaN or infinite.
-
-  Converting device scalars blocks until the step is computed, so call it on
-  the steps whose metrics are fetched anyway.
-
-  Args:
-    step: Optimizer step the values belong to.
-    loss: Training loss, any scalar.
-    grad_norm: Global gradient norm, any scalar.
-  """
-  loss, grad_norm = float(loss), float(grad_norm)
-  if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-    raise DivergenceError(int(step), f'loss={loss}, grad_norm={grad_norm} (must be finite)')
-
-
 class LossWatch:
   """Stops a run whose loss explodes while staying finite (lr 1e4: 7.4 -> 2.7e9 in a few steps).
 

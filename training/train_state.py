@@ -83,6 +83,35 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.
   return new_state, metrics
 
 
+def empty_metrics_window() -> dict:
+  """Device-side sums of the training metrics since the last logged record (see accumulate_metrics)."""
+  zero = jnp.zeros((), jnp.float32)
+  return {'steps': jnp.zeros((), jnp.int32), 'train_loss': zero, 'train_nll': zero,
+          'target_tokens': zero, 'grad_norm': zero,
+          # The first step whose loss or gradient norm was not finite (0: none yet), and its values.
+          'nonfinite_step': jnp.zeros((), jnp.int32), 'nonfinite_loss': zero,
+          'nonfinite_grad_norm': zero}
+
+
+def accumulate_metrics(window: dict, metrics: dict, step: jnp.ndarray) -> dict:
+  """Adds one step's metrics (train_step's, after `step`) to `window`, on device.
+
+  The host fetches the window only every log_every steps (and before evaluating or saving), so
+  the training loop never waits for a step to finish in between.
+  """
+  first_bad = (window['nonfinite_step'] == 0) & ~(
+      jnp.isfinite(metrics['train_loss']) & jnp.isfinite(metrics['grad_norm']))
+  return {'steps': window['steps'] + 1,
+          'train_loss': window['train_loss'] + metrics['train_loss'],
+          'train_nll': window['train_nll'] + metrics['train_nll'],
+          'target_tokens': window['target_tokens'] + metrics['target_tokens'],
+          'grad_norm': metrics['grad_norm'],
+          'nonfinite_step': jnp.where(first_bad, step, window['nonfinite_step']),
+          'nonfinite_loss': jnp.where(first_bad, metrics['train_loss'], window['nonfinite_loss']),
+          'nonfinite_grad_norm': jnp.where(first_bad, metrics['grad_norm'],
+                                           window['nonfinite_grad_norm'])}
+
+
 def eval_step(state: TrainState, batch: dict, *, model: Transformer) -> dict:
   """Sums of the unsmoothed loss over the batch's real target tokens."""
   logits = model.apply(model_variables(state.params, state.batch_stats), batch['encoder_input_tokens'],

@@ -138,12 +138,19 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict,
     multihost_utils.sync_global_devices('damaged checkpoints set aside')
 
   dropout_key = jax.random.PRNGKey(config.train.seed + 1)
-  jit_train_step = jax.jit(
-      functools.partial(train_state.train_step, model=model, tx=tx,
-                        label_smoothing=config.train.label_smoothing, dropout_key=dropout_key),
-      in_shardings=(partitioning.replicated(mesh), partitioning.batch_sharded(mesh)),
-      out_shardings=(partitioning.replicated(mesh), partitioning.replicated(mesh)),
-      donate_argnums=0)
+
+  def step_and_accumulate(state, window, batch):
+    state, metrics = train_state.train_step(state, batch, model=model, tx=tx,
+                                            label_smoothing=config.train.label_smoothing,
+                                            dropout_key=dropout_key)
+    return state, train_state.accumulate_metrics(window, metrics, state.step)
+
+  replicated = partitioning.replicated(mesh)
+  jit_train_step = jax.jit(step_and_accumulate,
+                           in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh)),
+                           out_shardings=(replicated, replicated), donate_argnums=(0, 1))
+  # Jitted, so every sum is its own buffer (the step donates them).
+  new_window = jax.jit(train_state.empty_metrics_window, out_shardings=replicated)
   evaluator = Evaluator(config, tokenizer, model, mesh,
                         jax.jit(functools.partial(train_state.eval_step, model=model)))
 
@@ -162,24 +169,25 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict,
   if is_primary:
     run_log.write_status(workdir, 'running', step=step)
     console.start(total_steps, initial_step=step)
-  window: list[dict] = []
+  window = new_window()
   window_start = time.perf_counter()
   epoch = 0
   # Wall-clock start of the epoch being trained; None when this invocation began inside it.
   # Epoch time is everything: data, steps, evaluation, checkpoints, compiling.
   epoch_start: float | None = None
-  pending = None  # (step, device metrics) of the latest step, fetched once the next one is queued
   compile_seconds: dict[tuple, float] = {}  # per padded batch shape [B, T, S], this invocation
 
-  def settle():
-    """Fetches the pending step's metrics (waiting for it) and stops the run if they are not finite."""
-    nonlocal pending
-    if pending is not None:
-      done_step, device_metrics = pending
-      pending = None
-      host = jax.device_get(device_metrics)
-      run_log.check_finite(done_step, host['train_loss'], host['grad_norm'])
-      window.append(host)
+  def settle() -> dict:
+    """Waits for the queued steps; returns their metrics window, or stops a run gone non-finite.
+
+    Called only where the host needs the device anyway: to log, evaluate, save or stop.
+    """
+    host = jax.device_get(window)
+    if host['nonfinite_step']:
+      raise run_log.DivergenceError(int(host['nonfinite_step']),
+                                    f'loss={host["nonfinite_loss"]}, grad_norm='
+                                    f'{host["nonfinite_grad_norm"]} (must be finite)')
+    return host
 
   def record_epoch_time():
     """Writes how long the epoch just finished took, if this invocation saw all of it."""
@@ -206,28 +214,26 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict,
       epoch = batch_epoch
       shape = tuple(local_batch['decoder_input_tokens'].shape) + local_batch['encoder_input_tokens'].shape[1:]
       dispatch_start = time.perf_counter()
-      state, device_metrics = jit_train_step(state, partitioning.global_batch(local_batch, mesh))
+      state, window = jit_train_step(state, window, partitioning.global_batch(local_batch, mesh))
       if shape not in compile_seconds:
         # A new padded shape: the call above traced and compiled before dispatching.
         compile_seconds[shape] = time.perf_counter() - dispatch_start
         logging.info('train step compiled for batch shape %s in %.1f s (%d shapes so far)', shape,
                      compile_seconds[shape], len(compile_seconds))
         window_start += compile_seconds[shape]  # compiling is not training throughput
-      settle()  # the step before this one, while this one runs
       step += 1
       steps_this_run += 1
-      pending = (step, device_metrics)
       at_end = step == total_steps
       if step % config.train.log_every == 0 or at_end:
-        settle()
+        sums = settle()
         elapsed = time.perf_counter() - window_start
         record = {
             'epoch': epoch,
-            'train_loss': float(np.mean([m['train_loss'] for m in window])),
-            'train_nll': float(np.mean([m['train_nll'] for m in window])),
-            'grad_norm': float(window[-1]['grad_norm']),
+            'train_loss': float(sums['train_loss'] / sums['steps']),
+            'train_nll': float(sums['train_nll'] / sums['steps']),
+            'grad_norm': float(sums['grad_norm']),
             'learning_rate': float(schedule(step - 1)),
-            'tokens_per_sec': float(sum(m['target_tokens'] for m in window)) / elapsed,
+            'tokens_per_sec': float(sums['target_tokens']) / elapsed,
             'compiled_shapes': len(compile_seconds),
             'compile_seconds': float(sum(compile_seconds.values())),
         }
@@ -236,7 +242,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict,
         if console:
           console.update(step, epoch=epoch, loss=record['train_loss'], lr=record['learning_rate'],
                          tok_s=record['tokens_per_sec'])
-        window, window_start = [], time.perf_counter()
+        window, window_start = new_window(), time.perf_counter()
       elif console:
         console.step(step)
       eval_metrics = None
