@@ -1,5 +1,8 @@
 """Normalisation layers, all computed in float32 whatever the compute dtype.
 
+LayerNorm and RMSNorm are flax's; BatchNorm (padding-aware statistics) and ScaleNorm are written
+here because flax has no such layers.
+
 Every norm has the same call signature `norm(x, mask, train)` so the residual wiring in
 `blocks.py` can treat them alike: `mask` ([B, L] bool, True at real tokens) matters only to
 BatchNorm, whose statistics must not see padding; `train` selects batch statistics vs the
@@ -14,34 +17,31 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 
-class LayerNorm(nn.Module):
-  """(x - mean) / sqrt(var + eps) * scale + bias over the feature axis (Ba et al. 2016)."""
-  epsilon: float = 1e-5
+class LayerNorm(nn.LayerNorm):
+  """(x - mean) / sqrt(var + eps) * scale + bias over the feature axis (Ba et al. 2016).
 
-  @nn.compact
+  flax's own, with the two-pass variance (flax's faster one-pass E[x^2] - E[x]^2 cancels badly
+  when |mean| >> std), statistics in float32 and the output in x's dtype.
+  """
+  epsilon: float = 1e-5
+  use_fast_variance: bool = False
+
   def __call__(self, x, mask: Optional[jnp.ndarray] = None, train: bool = False):
     del mask, train  # per-token statistics: padding and mode do not matter
-    features = x.shape[-1]
-    h = x.astype(jnp.float32)
-    mean = h.mean(-1, keepdims=True)
-    var = jnp.square(h - mean).mean(-1, keepdims=True)
-    h = (h - mean) * jnp.reciprocal(jnp.sqrt(var + self.epsilon))
-    h = h * self.param('scale', nn.initializers.ones, (features,))
-    h = h + self.param('bias', nn.initializers.zeros, (features,))
-    return h.astype(x.dtype)
+    # flax returns float32 for bfloat16 inputs (its float32 params promote the result).
+    return super().__call__(x).astype(x.dtype)
 
 
-class RMSNorm(nn.Module):
-  """x / sqrt(mean(x^2) + eps) * scale: LayerNorm without centring or bias (Zhang & Sennrich 2019)."""
+class RMSNorm(nn.RMSNorm):
+  """x / sqrt(mean(x^2) + eps) * scale: LayerNorm without centring or bias (Zhang & Sennrich 2019).
+
+  flax's own, statistics in float32, the output in x's dtype.
+  """
   epsilon: float = 1e-5
 
-  @nn.compact
   def __call__(self, x, mask: Optional[jnp.ndarray] = None, train: bool = False):
     del mask, train
-    h = x.astype(jnp.float32)
-    h = h * jnp.reciprocal(jnp.sqrt(jnp.square(h).mean(-1, keepdims=True) + self.epsilon))
-    h = h * self.param('scale', nn.initializers.ones, (x.shape[-1],))
-    return h.astype(x.dtype)
+    return super().__call__(x).astype(x.dtype)
 
 
 class ScaleNorm(nn.Module):

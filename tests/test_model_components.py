@@ -175,6 +175,30 @@ def test_rms_norm_formula():
   np.testing.assert_allclose(out, X / np.sqrt((X ** 2).mean(-1, keepdims=True) + 1e-5), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('name', ['layer', 'rms'])
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_flax_layer_and_rms_norm_equal_the_formula_with_scale_bias_and_dtype(name, dtype):
+  """flax's layers stand in for the hand-written ones: same parameters, float32 statistics,
+  the output in the input's dtype."""
+  module = norms.NORMS[name](epsilon=1e-5)
+  x = jnp.asarray(X, dtype)
+  variables = module.init(jax.random.PRNGKey(0), x)
+  names = {'layer': ['bias', 'scale'], 'rms': ['scale']}[name]
+  assert sorted(variables['params']) == names
+  params = {key: RNG.normal(size=(8,)).astype(np.float32) for key in names}
+  out = module.apply({'params': params}, x)
+  assert out.dtype == dtype
+  h = np.asarray(x, np.float32)
+  if name == 'layer':
+    want = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
+    want = want * params['scale'] + params['bias']
+  else:
+    want = h / np.sqrt((h ** 2).mean(-1, keepdims=True) + 1e-5) * params['scale']
+  tolerance = 1e-5 if dtype == jnp.float32 else 1e-2
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(jnp.asarray(want, dtype), np.float32),
+                             rtol=tolerance, atol=tolerance)
+
+
 def test_scale_norm_formula():
   out, _, _ = _apply_norm('scale', X)
   want = np.sqrt(8) * X / np.linalg.norm(X, axis=-1, keepdims=True)
