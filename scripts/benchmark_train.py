@@ -3,7 +3,7 @@
   SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --recipe=tiny
   SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --recipe=small --steps=120
 
-Runs `train.train_and_evaluate` (the loop users run: the grain pipeline, bucketed batches with
+Runs `training.trainer.train_and_evaluate` (the loop users run: the grain pipeline, bucketed batches with
 their real padding, the per-step host work) for `--steps` steps of a recipe matching
 `../shared/peers/fairseq/bench.sh`: Multi30k De->En, max_tokens 4096, Adam (0.9, 0.98),
 inverse-sqrt warmup, label smoothing 0.1, no validation and no checkpoints inside the timed
