@@ -213,10 +213,14 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict,
         epoch_start = time.perf_counter() if step % steps_per_epoch == 0 else None
       epoch = batch_epoch
       shape = tuple(local_batch['decoder_input_tokens'].shape) + local_batch['encoder_input_tokens'].shape[1:]
+      new_shape = shape not in compile_seconds
+      if new_shape:
+        # The call below compiles before dispatching. Steps already queued would run during the
+        # compilation and be counted out of the throughput with it: let them finish first.
+        jax.block_until_ready(window)
       dispatch_start = time.perf_counter()
       state, window = jit_train_step(state, window, partitioning.global_batch(local_batch, mesh))
-      if shape not in compile_seconds:
-        # A new padded shape: the call above traced and compiled before dispatching.
+      if new_shape:
         compile_seconds[shape] = time.perf_counter() - dispatch_start
         logging.info('train step compiled for batch shape %s in %.1f s (%d shapes so far)', shape,
                      compile_seconds[shape], len(compile_seconds))
