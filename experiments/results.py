@@ -15,7 +15,7 @@ import statistics
 from typing import Any
 
 from experiments import sweeps
-from training.run_dir import CONFIG_FILE, EVAL_DIR, METRICS_FILE, STATUS_FILE
+from training.run_dir import CONFIG_FILE, EVAL_DIR, METRICS_FILE, STATUS_FILE, flatten
 
 MISSING = '–'
 # Numeric summary columns: CSV name, Markdown header, format.
@@ -74,17 +74,6 @@ def read_metrics(run_dir: str) -> tuple[list[dict], list[dict]]:
         records.pop()
       records.append(record)
   return train, evals
-
-
-def flatten(config: dict, prefix: str = '') -> dict[str, Any]:
-  """{'model': {'norm': 'rms'}} -> {'model.norm': 'rms'}."""
-  flat = {}
-  for key, value in config.items():
-    if isinstance(value, dict):
-      flat.update(flatten(value, f'{prefix}{key}.'))
-    else:
-      flat[f'{prefix}{key}'] = value
-  return flat
 
 
 def _read_json(path: str) -> dict:

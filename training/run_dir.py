@@ -71,11 +71,12 @@ def read_config(workdir: str) -> dict | None:
     return None
 
 
-def _flatten(tree: dict, prefix: str = '') -> dict[str, Any]:
+def flatten(tree: dict, prefix: str = '') -> dict[str, Any]:
+  """{'model': {'norm': 'rms'}} -> {'model.norm': 'rms'}."""
   flat = {}
   for key, value in tree.items():
     if isinstance(value, dict):
-      flat.update(_flatten(value, f'{prefix}{key}.'))
+      flat.update(flatten(value, f'{prefix}{key}.'))
     else:
       flat[f'{prefix}{key}'] = value
   return flat
@@ -83,7 +84,7 @@ def _flatten(tree: dict, prefix: str = '') -> dict[str, Any]:
 
 def config_changes(previous: dict, new: dict) -> dict[str, tuple[Any, Any]]:
   """Field -> (previous value, new value) of every field that differs (absent reads as None)."""
-  before, after = _flatten(previous), _flatten(new)
+  before, after = flatten(previous), flatten(new)
   return {name: (before.get(name), after.get(name)) for name in sorted(before.keys() | after.keys())
           if before.get(name) != after.get(name)}
 
