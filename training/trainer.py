@@ -143,12 +143,14 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict,
     state, metrics = train_state.train_step(state, batch, model=model, tx=tx,
                                             label_smoothing=config.train.label_smoothing,
                                             dropout_key=dropout_key)
-    return state, train_state.accumulate_metrics(window, metrics, state.step)
+    # The step number again, as an output of its own that is not donated to the next step: the
+    # loop waits on it to stay at most one step ahead of the device.
+    return state, train_state.accumulate_metrics(window, metrics, state.step), state.step + 0
 
   replicated = partitioning.replicated(mesh)
   jit_train_step = jax.jit(step_and_accumulate,
                            in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh)),
-                           out_shardings=(replicated, replicated), donate_argnums=(0, 1))
+                           out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
   # Jitted, so every sum is its own buffer (the step donates them).
   new_window = jax.jit(train_state.empty_metrics_window, out_shardings=replicated)
   evaluator = Evaluator(config, tokenizer, model, mesh,
@@ -176,6 +178,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict,
   # Epoch time is everything: data, steps, evaluation, checkpoints, compiling.
   epoch_start: float | None = None
   compile_seconds: dict[tuple, float] = {}  # per padded batch shape [B, T, S], this invocation
+  previous_step_done = None  # the step number output of the step dispatched before
 
   def settle() -> dict:
     """Waits for the queued steps; returns their metrics window, or stops a run gone non-finite.
@@ -219,12 +222,19 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict,
         # compilation and be counted out of the throughput with it: let them finish first.
         jax.block_until_ready(window)
       dispatch_start = time.perf_counter()
-      state, window = jit_train_step(state, window, partitioning.global_batch(local_batch, mesh))
+      state, window, step_done = jit_train_step(state, window,
+                                                partitioning.global_batch(local_batch, mesh))
       if new_shape:
         compile_seconds[shape] = time.perf_counter() - dispatch_start
         logging.info('train step compiled for batch shape %s in %.1f s (%d shapes so far)', shape,
                      compile_seconds[shape], len(compile_seconds))
         window_start += compile_seconds[shape]  # compiling is not training throughput
+      # Wait for the step before this one, while this one runs: no transfer, and the host stays
+      # one step ahead, so a stop signal (handled only between Python calls) acts within a step
+      # instead of after a whole log window of queued steps.
+      if previous_step_done is not None:
+        jax.block_until_ready(previous_step_done)
+      previous_step_done = step_done
       step += 1
       steps_this_run += 1
       at_end = step == total_steps
