@@ -108,7 +108,7 @@ def translate_lines(run: trained_model.Restored, lines: list[str], settings: dic
     for i, index in enumerate(batch['example_index']):
       if index >= 0:
         results[translated[index]] = [
-            (float(scores[i, k]), ' '.join(run.tokenizer.decode(hypotheses[i, k]).splitlines()))
+            (float(scores[i, k]), translating.hypothesis_text(run.tokenizer, hypotheses[i, k]))
             for k in range(nbest)]
   return results
 

@@ -112,12 +112,17 @@ def check_resume(workdir: str, config: ml_collections.ConfigDict) -> dict[str, t
   return changes
 
 
-def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Replaces WORKDIR/config.json atomically (after `check_resume` accepted the config)."""
-  target = path(workdir, CONFIG_FILE)
+def _write_json(workdir: str, name: str, data: dict) -> None:
+  """Replaces WORKDIR/name with `data` atomically: readers never see a half-written file."""
+  target = path(workdir, name)
   with open(target + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump(resolved_config(config), f, indent=2, sort_keys=True)
+    json.dump(data, f, indent=2, sort_keys=True)
   os.replace(target + '.tmp', target)
+
+
+def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Replaces WORKDIR/config.json (after `check_resume` accepted the config)."""
+  _write_json(workdir, CONFIG_FILE, resolved_config(config))
 
 
 def check_source(workdir: str, fingerprint: str) -> None:
@@ -138,9 +143,7 @@ def check_source(workdir: str, fingerprint: str) -> None:
 
 
 def write_source(workdir: str, fingerprint: str) -> None:
-  with open(path(workdir, SOURCE_FILE) + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump({'fingerprint': fingerprint}, f)
-  os.replace(path(workdir, SOURCE_FILE) + '.tmp', path(workdir, SOURCE_FILE))
+  _write_json(workdir, SOURCE_FILE, {'fingerprint': fingerprint})
 
 
 class RunLock:

@@ -125,9 +125,9 @@ def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
     tokenizer = tokenizer_lib.Tokenizer(tokenizer_path)
     model = train_state.build_model(config, tokenizer.vocab_size)
     # With 'last', older checkpoints stand in for a damaged newest one.
-    candidates = sorted(checkpointer.all_steps(), reverse=True) if kind == 'last' else [steps]
-    for candidate in candidates:
-      candidate_steps = candidate if isinstance(candidate, list) else [candidate]
+    candidates = ([[step] for step in sorted(checkpointer.all_steps(), reverse=True)]
+                  if kind == 'last' else [steps])
+    for candidate_steps in candidates:
       try:
         # Checkpoints of one run share a structure: the newest one stands for all of them.
         target = restore_target(checkpointer, candidate_steps[-1], model, mesh)

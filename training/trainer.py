@@ -54,8 +54,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   os.makedirs(workdir, exist_ok=True)
   with claim_run_folder(workdir):
     changes = run_dir.check_resume(workdir, config)
-    run_dir.check_source(workdir, datasets.source_fingerprint(config.data))
-    return _train(config, workdir, changes, stop_after_steps)
+    fingerprint = datasets.source_fingerprint(config.data)
+    run_dir.check_source(workdir, fingerprint)
+    return _train(config, workdir, changes, fingerprint, stop_after_steps)
 
 
 def load_run_tokenizer(workdir: str, data_config) -> tokenizer_lib.Tokenizer:
@@ -96,7 +97,7 @@ def claim_run_folder(workdir: str):
     lock.release()
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict,
+def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, fingerprint: str,
            stop_after_steps: int | None) -> train_state.TrainState:
   """train_and_evaluate's work once the folder is claimed and the config accepted."""
   run_start = time.perf_counter()
@@ -108,7 +109,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict,
       if old is not None:  # not a field added to the code since the run started
         say(f'{name} changed from {old!r} to {new!r} since this run started')
     run_dir.write_config(workdir, config)
-    run_dir.write_source(workdir, datasets.source_fingerprint(config.data))
+    run_dir.write_source(workdir, fingerprint)
     logging.info('config:\n%s', config)
 
   say('preparing data and tokenizer (minutes on a dataset\'s first use, then cached)')

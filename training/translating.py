@@ -40,6 +40,12 @@ def local_rows(batch: dict, rows_of_all_processes: int) -> dict:
   return {name: value[start:start + rows] for name, value in batch.items()}
 
 
+def hypothesis_text(tokenizer: Tokenizer, ids) -> str:
+  """Detokenised text of one hypothesis, on one line: byte-fallback pieces can decode to line
+  breaks, which would misalign a file of one hypothesis per line."""
+  return ' '.join(tokenizer.decode(ids).splitlines())
+
+
 class SplitTranslator:
   """Best hypotheses of a fixed list of batches, detokenised, in example order."""
 
@@ -80,8 +86,7 @@ class SplitTranslator:
     for batch, tokens in zip(self._batches, outputs):
       for index, ids in zip(batch['example_index'], tokens):
         if index >= 0:
-          # Byte-fallback pieces can decode to line breaks, which would misalign a hyp file.
-          hypotheses[index] = ' '.join(self._tokenizer.decode(ids).splitlines())
+          hypotheses[index] = hypothesis_text(self._tokenizer, ids)
     return hypotheses, {'compile_s': compile_s, 'decode_s': decode_s,
                         'sentences_per_sec': len(hypotheses) / max(decode_s, 1e-9)}
 
