@@ -18,6 +18,7 @@ import pytest
 
 from training import partitioning, run_dir, run_log, stop_signals, train_state, trained_model, trainer
 from training.checkpointing import CheckpointError
+from tests.test_sweep import write_sweep
 from tests.test_train import params_equal_bitwise, read_jsonl, run_train_cli, smoke_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -260,10 +261,7 @@ def _wait_for_train_record(metrics: Path, step: int, timeout: float = 240.0) -> 
 
 
 def test_a_stopped_or_killed_sweep_leaves_no_run_training_and_resumes_each_run_once(tmp_path, data_cache):
-  spec = tmp_path / 'one_run.py'
-  spec.write_text(textwrap.dedent(f"""
-      from configs import smoke
-
+  spec = write_sweep(tmp_path, f"""
       def get_config():
         config = smoke.get_config()
         config.data.update(cache_dir={str(data_cache)!r}, eval_examples=8)
@@ -272,10 +270,10 @@ def test_a_stopped_or_killed_sweep_leaves_no_run_training_and_resumes_each_run_o
 
       def sweep():
         yield {{'model.norm': 'rms'}}
-      """))
+      """)
   workdir = tmp_path / 'sweep'
   run = workdir / 'norm=rms'
-  command = [sys.executable, '-m', 'scripts.sweep', str(spec), f'--workdir={workdir}']
+  command = [sys.executable, '-m', 'scripts.sweep', spec, f'--workdir={workdir}']
 
   def start_and_wait(step):
     sweep = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -305,8 +303,16 @@ def test_a_stopped_or_killed_sweep_leaves_no_run_training_and_resumes_each_run_o
   sweep.communicate(timeout=60)
   second_stop = child_is_gone()
   assert second_stop > first_stop
-  lock = run_dir.RunLock(str(run))
-  lock.acquire()  # nobody holds it any more
+  # status.json says 'stopped' just before train.py releases the lock and exits: the lock must
+  # come free, i.e. nothing is left training the run.
+  lock, deadline = run_dir.RunLock(str(run)), time.monotonic() + 60
+  while True:
+    try:
+      lock.acquire()
+      break
+    except run_dir.RunFolderError:
+      assert time.monotonic() < deadline, 'the orphaned train.py never exited'
+      time.sleep(0.2)
   lock.release()
 
   # The re-run finishes it; every step was trained by one process, in order, once.
