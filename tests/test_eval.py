@@ -334,3 +334,17 @@ def test_bad_input_fails_with_one_clear_line(bad_input_results, case):
   assert BAD_INPUTS[case][1] in stderr.strip().splitlines()[-1]
   # Checks run before a Checkpointer would create the folder.
   assert not (root / 'untrained' / 'checkpoints').exists()
+
+
+def test_a_run_saved_before_a_config_field_existed_still_opens(smoke_run, tmp_path):
+  run, _ = smoke_run
+  saved = json.load(open(run / 'config.json'))
+  default = saved['train'].pop('divergence_growth')  # as if saved before the field was added
+  saved['train']['save_on_stop_after'] = 7
+  json.dump(saved, open(tmp_path / 'config.json', 'w'))
+  config = trained_model.load_config(str(tmp_path))
+  assert config.train.divergence_growth == default and config.train.save_on_stop_after == 7
+  saved['model']['d_model'] = 'wide'
+  json.dump(saved, open(tmp_path / 'config.json', 'w'))
+  with pytest.raises(ValueError, match=r"config.json: Could not override field 'd_model'"):
+    trained_model.load_config(str(tmp_path))

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from configs import base
 from data import datasets, tokenizer as tokenizer_lib
 from model.transformer import Transformer
 from training import averaging, partitioning, run_dir, train_state, validation
@@ -48,10 +49,13 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     raise ValueError(f'{path}: {error}') from None
   if resolved is None:
     raise ValueError(f'no {run_dir.CONFIG_FILE} in {workdir}: not a run directory of train.py')
+  # A field added to configs/base.py since the run was saved keeps its default, as on resume;
+  # one the code no longer has stays in and check_config names it.
+  config = base.get_config()
   try:
-    config = ml_collections.ConfigDict(resolved)
+    config.update_from_flattened_dict(run_dir.flatten(resolved))
     validation.check_config(config)
-  except ValueError as error:
+  except (TypeError, ValueError) as error:
     raise ValueError(f'{path}: {error}') from None
   return config
 
