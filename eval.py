@@ -165,6 +165,10 @@ def define_flags() -> None:
                        'this is a.', lower_bound=0)
   flags.DEFINE_float('max_length_b', 1.2, 'b of the length limit a + b * source length.',
                      lower_bound=0.0)
+  flags.DEFINE_integer('smallest_batch', 8, 'Beam search drops finished sentences from a batch '
+                       'in halvings down to this many (one compiled search loop per halving); '
+                       '--smallest_batch at or above --batch_size compiles a single loop: '
+                       'faster to start, slower to decode.', lower_bound=1)
   flags.DEFINE_string('out_dir', None, 'Folder of the hypotheses and JSON report '
                       '(default: WORKDIR/eval); one per setting when comparing several.')
 
@@ -178,10 +182,14 @@ def main(argv):
   workdir, split, checkpoint = args.workdir, args.split, args.checkpoint
   flag_settings = {name: args[name].value for name in (
       'beam_size', 'length_penalty', 'length_penalty_form', 'early_stopping', 'max_length_a',
-      'max_length_b')}
+      'max_length_b', 'smallest_batch')}
   mesh = partitioning.make_mesh()
   try:
     lines = read_lines(args.input) if args.input else None
+    # As in train.py: the search compiled per batch shape (and per halving of the batch) is
+    # reused by every later eval of a model of this shape.
+    jax.config.update('jax_compilation_cache_dir',
+                      str(datasets.cache_dir(trained_model.load_config(workdir).data) / 'xla'))
     run = trained_model.restore(workdir, split, checkpoint, mesh)
     settings, batch_size = decoding_settings(run.config, flag_settings, args.batch_size)
     if lines is not None:

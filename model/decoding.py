@@ -2,13 +2,15 @@
 
 The searches see the model only through a step function,
 
-  step_fn(tokens, cache, position) -> (logits, new_cache)
+  step_fn(tokens, cache, position, context) -> (logits, new_cache)
 
 which feeds one token per row (`tokens` int32 [N], `position` the int32 index of
 the fed token, 0 for BOS) and returns float32 next-token logits [N, V]. The cache
-is any pytree whose leaves all have leading dimension N. Each search is a single
-`jax.lax.while_loop` that exits as soon as every sentence is finished, so a whole
-search compiles under `jax.jit(functools.partial(beam_search, step_fn, ...))`.
+is any pytree whose leaves all have leading dimension N; the context (the
+source, read only) any pytree whose leaves have leading dimension B, or None.
+The searches are `jax.lax.while_loop`s that exit as soon as every sentence is
+finished, so a whole search compiles under
+`jax.jit(functools.partial(beam_search, step_fn, ...))`.
 
 Lengths count generated tokens, EOS included and BOS excluded. `max_length` is the
 static output size: a hypothesis still alive after `max_length` tokens ends there
@@ -80,15 +82,16 @@ def _eos_steps(max_lengths, batch_size, max_length):
   return jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_length) - 1
 
 
-def greedy_search(step_fn, cache, *, batch_size, max_length, max_lengths=None,
-                  bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID):
+def greedy_search(step_fn, cache, *, batch_size, max_length, context=None,
+                  max_lengths=None, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID):
   """Decodes the most probable next token at every step.
 
   Args:
-    step_fn: `(tokens [B], cache, position) -> (logits [B, V], cache)`.
+    step_fn: `(tokens [B], cache, position, context) -> (logits [B, V], cache)`.
     cache: pytree of arrays with leading dimension B.
     batch_size: B.
     max_length: T, most tokens generated (static int).
+    context: pytree of arrays with leading dimension B that step_fn reads.
     max_lengths: optional int32 [B]; sentence b emits EOS at the latest as its
       `max_lengths[b]`-th token.
     bos_id: token fed first.
@@ -106,7 +109,7 @@ def greedy_search(step_fn, cache, *, batch_size, max_length, max_lengths=None,
 
   def body(state):
     i, tokens, last, finished, cache = state
-    logits, cache = step_fn(last, cache, i)
+    logits, cache = step_fn(last, cache, i, context)
     next_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     next_tokens = jnp.where(i == eos_steps, eos_id, next_tokens)
     next_tokens = jnp.where(finished, pad_id, next_tokens)
@@ -123,37 +126,69 @@ def greedy_search(step_fn, cache, *, batch_size, max_length, max_lengths=None,
   return jax.lax.while_loop(cond, body, init)[1]
 
 
-def beam_search(step_fn, cache, *, batch_size, beam_size, max_length,
-                max_lengths=None, length_penalty=1.0,
-                length_penalty_form='fairseq', early_stopping=False,
-                bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID):
+def _phase_sizes(batch_size: int, smallest_batch: int) -> list[int]:
+  """Sentences per phase of a compacting search: B, B/2, B/4, ... while at least `smallest_batch`."""
+  sizes = [batch_size]
+  while sizes[-1] // 2 >= max(smallest_batch, 1):
+    sizes.append(sizes[-1] // 2)
+  return sizes
+
+
+def _take_sentences(state, keep, beam_size):
+  """The sentences `keep` [M] of a search state: [B]-leading leaves by sentence, the cache's
+  [B*K]-leading leaves by each kept sentence's K rows."""
+  rows = (keep[:, None] * beam_size + jnp.arange(beam_size)).reshape(-1)  # [M*K]
+  # Indices are in bounds by construction: 'clip' spares the per-element check.
+  take = lambda index: lambda x: jnp.take(x, index, axis=0, mode='clip')
+  return {**jax.tree.map(take(keep), {name: value for name, value in state.items()
+                                      if name not in ('i', 'cache')}),
+          'i': state['i'], 'cache': jax.tree.map(take(rows), state['cache'])}
+
+
+def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=None,
+                max_lengths=None, length_penalty=1.0, length_penalty_form='fairseq',
+                early_stopping=False, smallest_batch=8, bos_id=BOS_ID, eos_id=EOS_ID,
+                pad_id=PAD_ID):
   """Decodes the K best hypotheses per sentence by their length-penalised score.
 
   Keeps K alive and K finished hypotheses per sentence (flax `examples/wmt`,
   fairseq). Each step ranks the 2K best extensions of the alive beams; an EOS
   extension (or any extension at `max_length`) is finished only when it ranks
   within the first K, as in fairseq, which makes beam size 1 greedy search at
-  alpha 0. By default a sentence stops once no alive hypothesis can beat its
+  alpha 0. By default a sentence is done once no alive hypothesis can beat its
   K-th finished one, which is exact but, for alpha > 0, often means running to
-  the length limit; with `early_stopping` it stops as soon as it has K finished
-  hypotheses (fairseq's rule, Hugging Face's early_stopping=True). Log-softmax
-  and scores are float32.
+  the length limit; with `early_stopping` it is done as soon as it has K finished
+  hypotheses (fairseq's rule, Hugging Face's early_stopping=True). A done
+  sentence's hypotheses are final, so a sentence's result never depends on the
+  other sentences of its batch. Log-softmax and scores are float32.
+
+  Finished sentences leave the batch, as in fairseq: the search runs in phases
+  of B, B/2, B/4, ... sentences (down to `smallest_batch`), each a while loop
+  that hands over to the next, on the sentences still running, once they fit
+  in it. A step's cost grows with its rows, so a batch no longer pays full
+  price for every step its slowest sentence takes. Each phase is static in
+  shape: one compilation per batch shape still covers the whole search.
 
   Args:
-    step_fn: `(tokens [B*K], cache, position) -> (logits [B*K, V], cache)`.
+    step_fn: `(tokens [B*K], cache, position, context) -> (logits [B*K, V],
+      cache)`, called with the rows and context of the sentences still in the
+      phase.
     cache: pytree of arrays with leading dimension B*K, sentence b's K rows at
       b*K .. b*K+K-1 (`tile_beams` of a per-sentence cache); every leaf is
-      reordered along axis 0 as beams are re-ranked, so state that is the same
-      for all of a sentence's beams is cheaper closed over by `step_fn`.
+      reordered along axis 0 as beams are re-ranked.
     batch_size: B.
     beam_size: K.
     max_length: T, most tokens generated (static int).
+    context: pytree of arrays with leading dimension B, what step_fn reads per
+      sentence (the source); read, never reordered within a phase.
     max_lengths: optional int32 [B]; sentence b emits EOS at the latest as its
       `max_lengths[b]`-th token.
     length_penalty: alpha; 0 ranks by total log-probability.
     length_penalty_form: 'fairseq' (score / length**alpha) or 'gnmt'
       (score / ((5 + length) / 6)**alpha), length counting EOS.
-    early_stopping: stop a sentence at its K-th finished hypothesis (static).
+    early_stopping: a sentence is done at its K-th finished hypothesis (static).
+    smallest_batch: fewest sentences a phase is cut down to (static); B or
+      more keeps the whole batch to the end.
     bos_id: token fed first.
     eos_id: token that ends a hypothesis.
     pad_id: token written after EOS.
@@ -166,44 +201,51 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length,
     raise ValueError(f'Unknown length_penalty_form {length_penalty_form!r}; '
                      f'valid: {sorted(_LENGTH_PENALTIES)}')
   penalty = _LENGTH_PENALTIES[length_penalty_form]
-  b, k = batch_size, beam_size
-  eos_steps = _eos_steps(max_lengths, b, max_length)
-  longest = jnp.minimum(eos_steps + 1, max_length)  # [B]
-  first_rows = jnp.arange(b)[:, None] * k  # [B, 1] cache row of beam 0.
+  k = beam_size
   candidate_ranks = jnp.arange(2 * k)
 
   def penalised(log_probs, length):
     return log_probs / penalty(jnp.asarray(length, jnp.float32), length_penalty)
 
-  def cond(state):
-    i = state['i']
+  def is_done(state):
+    """[n] whether each sentence's K finished hypotheses are final."""
     best_alive = state['alive_log_probs'][:, 0]
     # Log-probabilities only fall as tokens are added and the penalty is
     # monotone in length, so no extension of the best alive beam can score
     # above its penalised score at the shortest or the longest reachable length.
-    bound = jnp.maximum(penalised(best_alive, i + 1),
-                        penalised(best_alive, longest))
+    bound = jnp.maximum(penalised(best_alive, state['i'] + 1),
+                        penalised(best_alive, state['longest']))
     done = bound <= state['finished_scores'][:, -1]
     if early_stopping:
       done |= state['finished_scores'][:, -1] > -jnp.inf  # K finished
-    return (i < max_length) & ~jnp.all(done)
+    return done
 
   def body(state):
     i, alive_seqs = state['i'], state['alive_seqs']
-    fed = alive_seqs[:, :, i].reshape(b * k)  # [B, K] -> [B*K]
-    logits, cache = step_fn(fed, state['cache'], i)
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
-    log_probs = log_probs.reshape(b, k, -1)  # [B*K, V] -> [B, K, V]
-    vocab = log_probs.shape[-1]
-    force_eos = (i == eos_steps)[:, None, None] & (jnp.arange(vocab) != eos_id)
-    log_probs = jnp.where(force_eos, -jnp.inf, log_probs)
-    candidates = state['alive_log_probs'][:, :, None] + log_probs
-    candidates = candidates.reshape(b, k * vocab)  # [B, K, V] -> [B, K*V]
+    n = alive_seqs.shape[0]  # sentences in this phase
+    fed = alive_seqs[:, :, i].reshape(n * k)  # [n, K] -> [n*K]
+    logits, cache = step_fn(fed, state['cache'], i, state['context'])
+    logits = logits.astype(jnp.float32).reshape(n, k, -1)  # [n*K, V] -> [n, K, V]
+    vocab = logits.shape[-1]
+    normaliser = jax.nn.logsumexp(logits, axis=-1)  # [n, K]
+    force_eos = ((i == state['eos_steps'])[:, None, None]
+                 & (jnp.arange(vocab) != eos_id))
+    logits = jnp.where(force_eos, -jnp.inf, logits)
+    # The 2K best extensions of a sentence are among the 2K best of each of its
+    # beams: ranking each beam's vocabulary first and then K * 2K candidates
+    # gives the same ranking (ties too: lower beam, then lower token, first) as
+    # one top-k over all K * V, without writing K * V log-probabilities per
+    # sentence. On CPU that halved this part of the step.
+    per_beam = min(2 * k, vocab)
+    beam_top, beam_tokens = jax.lax.top_k(logits, per_beam)  # [n, K, 2K]
+    candidates = (state['alive_log_probs'] - normaliser)[:, :, None] + beam_top
     # 2K candidates hold at least K that do not end in EOS (one EOS per beam).
-    top_log_probs, top_ids = jax.lax.top_k(candidates, 2 * k)  # [B, 2K]
-    parents, tokens = top_ids // vocab, top_ids % vocab
+    top_log_probs, top_ids = jax.lax.top_k(
+        candidates.reshape(n, k * per_beam), 2 * k)  # [n, 2K]
+    parents = top_ids // per_beam
+    tokens = jnp.take_along_axis(beam_tokens.reshape(n, k * per_beam), top_ids, axis=1)
     top_seqs = jnp.take_along_axis(alive_seqs, parents[:, :, None], axis=1)
-    top_seqs = top_seqs.at[:, :, i + 1].set(tokens)  # [B, 2K, T+1]
+    top_seqs = top_seqs.at[:, :, i + 1].set(tokens)  # [n, 2K, T+1]
 
     # Hypotheses cut at max_length compete with those that ended in EOS.
     ends = (tokens == eos_id) | (i + 1 == max_length)
@@ -214,12 +256,19 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length,
     finished_seqs = jnp.take_along_axis(
         jnp.concatenate([state['finished_seqs'], top_seqs], axis=1),
         keep[:, :, None], axis=1)
+    # A done sentence keeps its hypotheses while its batch runs on.
+    done = state['done']
+    finished_scores = jnp.where(done[:, None], state['finished_scores'],
+                                finished_scores)
+    finished_seqs = jnp.where(done[:, None, None], state['finished_seqs'],
+                              finished_seqs)
 
     alive_log_probs, keep = jax.lax.top_k(
         jnp.where(tokens == eos_id, -jnp.inf, top_log_probs), k)
-    rows = first_rows + jnp.take_along_axis(parents, keep, axis=1)
-    rows = rows.reshape(b * k)  # [B, K] -> [B*K]
-    return {
+    rows = jnp.arange(n)[:, None] * k + jnp.take_along_axis(parents, keep, axis=1)
+    rows = rows.reshape(n * k)  # [n, K] -> [n*K]
+    new_state = {
+        **state,
         'i': i + 1,
         'alive_seqs': jnp.take_along_axis(top_seqs, keep[:, :, None], axis=1),
         'alive_log_probs': alive_log_probs,
@@ -229,11 +278,15 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length,
         'cache': jax.tree.map(
             lambda x: jnp.take(x, rows, axis=0, mode='clip'), cache),
     }
+    new_state['done'] = done | is_done(new_state)
+    return new_state
 
+  b = batch_size
+  eos_steps = _eos_steps(max_lengths, b, max_length)
   # The K cache copies are identical: one live beam keeps them from filling
   # the beam with duplicates.
   first_beam = jnp.arange(k) == 0
-  init = {
+  state = {
       'i': jnp.array(0, jnp.int32),
       # [B, K, T+1]: BOS, then the generated tokens.
       'alive_seqs': jnp.full((b, k, max_length + 1), pad_id,
@@ -242,7 +295,27 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length,
           jnp.where(first_beam, 0.0, -jnp.inf).astype(jnp.float32), (b, k)),
       'finished_seqs': jnp.full((b, k, max_length + 1), pad_id, jnp.int32),
       'finished_scores': jnp.full((b, k), -jnp.inf, jnp.float32),
+      'done': jnp.zeros((b,), bool),
+      'eos_steps': eos_steps,
+      'longest': jnp.minimum(eos_steps + 1, max_length),
+      'sentence': jnp.arange(b),  # each row's index in the batch
+      'context': context,
       'cache': cache,
   }
-  state = jax.lax.while_loop(cond, body, init)
-  return state['finished_seqs'][:, :, 1:], state['finished_scores']
+  seqs, scores = state['finished_seqs'], state['finished_scores']
+  sizes = _phase_sizes(b, smallest_batch)
+  for size, next_size in zip(sizes, sizes[1:] + [0]):
+
+    def cond(state, next_size=next_size):
+      running = ~state['done']
+      return ((state['i'] < max_length) & jnp.any(running)
+              & (jnp.sum(running) > next_size))
+
+    state = jax.lax.while_loop(cond, body, state)
+    # Done sentences leave with their results; the rest are written again later.
+    seqs = seqs.at[state['sentence']].set(state['finished_seqs'])
+    scores = scores.at[state['sentence']].set(state['finished_scores'])
+    if next_size:
+      running_first = jnp.argsort(state['done'], stable=True)
+      state = _take_sentences(state, running_first[:next_size], k)
+  return seqs[:, :, 1:], scores

@@ -20,9 +20,9 @@ def _search_inputs(model: Transformer, variables, encoder_input_tokens, beam_siz
   per hypothesis, goes through the search (and is reordered by beam search).
 
   Returns:
-    (step_fn, cache, max_length, max_lengths): the model's `decode_step` over `variables` and
-    the source cache, the empty [B*K]-leading cache, the static output length T and the
-    per-sentence limits int32 [B].
+    (step_fn, cache, source_cache, max_length, max_lengths): the model's `decode_step` over
+    `variables`, the empty [B*K]-leading cache, the [B]-leading source cache (the searches'
+    context), the static output length T and the per-sentence limits int32 [B].
   """
   batch_size, source_length = encoder_input_tokens.shape
   max_length = decoding.decode_length_limit(source_length, max_length_a, max_length_b)
@@ -32,18 +32,20 @@ def _search_inputs(model: Transformer, variables, encoder_input_tokens, beam_siz
   source_cache = model.apply(variables, encoded, encoder_input_tokens, method=Transformer.source_cache)
   cache = model.apply(variables, batch_size * beam_size, max_length, method=Transformer.init_cache)
 
-  def step_fn(tokens, cache, position):
+  def step_fn(tokens, cache, position, source_cache):
     return model.apply(variables, tokens, cache, position, source_cache, method=Transformer.decode_step)
 
-  return step_fn, cache, max_length, max_lengths
+  return step_fn, cache, source_cache, max_length, max_lengths
 
 
 # The length penalty is traced, not static: comparing penalties reuses one compilation.
 @functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'length_penalty_form',
-                                              'early_stopping', 'max_length_a', 'max_length_b'))
+                                              'early_stopping', 'max_length_a', 'max_length_b',
+                                              'smallest_batch'))
 def translate(model: Transformer, variables, encoder_input_tokens, *, beam_size: int = 1,
               length_penalty: float = 1.0, length_penalty_form: str = 'fairseq',
-              early_stopping: bool = False, max_length_a: int = 10, max_length_b: float = 1.2):
+              early_stopping: bool = False, max_length_a: int = 10, max_length_b: float = 1.2,
+              smallest_batch: int = 8):
   """Best hypothesis per source sentence.
 
   Each sentence may generate at most a + b * (its source length) tokens.
@@ -59,28 +61,33 @@ def translate(model: Transformer, variables, encoder_input_tokens, *, beam_size:
       rule) instead of when no alive one can beat it (exact).
     max_length_a: a, tokens allowed whatever the source length.
     max_length_b: b, tokens allowed per source token.
+    smallest_batch: beam search drops finished sentences from the batch in halvings down to this
+      many sentences (`decoding.beam_search`); the batch size or more compiles one search loop
+      instead of one per halving.
 
   Returns:
     [B, T] int32 tokens, EOS-terminated (unless cut at the limit) and 0-padded.
   """
   if beam_size == 1:
-    step_fn, cache, max_length, max_lengths = _search_inputs(
+    step_fn, cache, source_cache, max_length, max_lengths = _search_inputs(
         model, variables, encoder_input_tokens, 1, max_length_a, max_length_b)
     return decoding.greedy_search(step_fn, cache, batch_size=encoder_input_tokens.shape[0],
-                                  max_length=max_length, max_lengths=max_lengths)
+                                  max_length=max_length, context=source_cache,
+                                  max_lengths=max_lengths)
   tokens, _ = beam_translate(
       model, variables, encoder_input_tokens, beam_size=beam_size, length_penalty=length_penalty,
       length_penalty_form=length_penalty_form, early_stopping=early_stopping,
-      max_length_a=max_length_a, max_length_b=max_length_b)
+      max_length_a=max_length_a, max_length_b=max_length_b, smallest_batch=smallest_batch)
   return tokens[:, 0]
 
 
 @functools.partial(jax.jit, static_argnames=('model', 'beam_size', 'length_penalty_form',
-                                              'early_stopping', 'max_length_a', 'max_length_b'))
+                                              'early_stopping', 'max_length_a', 'max_length_b',
+                                              'smallest_batch'))
 def beam_translate(model: Transformer, variables, encoder_input_tokens, *, beam_size: int,
                    length_penalty: float = 1.0, length_penalty_form: str = 'fairseq',
                    early_stopping: bool = False, max_length_a: int = 10,
-                   max_length_b: float = 1.2):
+                   max_length_b: float = 1.2, smallest_batch: int = 8):
   """The `beam_size` best hypotheses per source sentence, by beam search whatever the beam size.
 
   Arguments as for `translate`; beam_size 1 runs beam search with one beam (which `translate`
@@ -90,10 +97,10 @@ def beam_translate(model: Transformer, variables, encoder_input_tokens, *, beam_
     tokens: [B, K, T] int32, best first, EOS-terminated (unless cut at the limit) and 0-padded.
     scores: [B, K] float32 length-penalised log-probabilities.
   """
-  step_fn, cache, max_length, max_lengths = _search_inputs(
+  step_fn, cache, source_cache, max_length, max_lengths = _search_inputs(
       model, variables, encoder_input_tokens, beam_size, max_length_a, max_length_b)
   return decoding.beam_search(
-      step_fn, cache, batch_size=encoder_input_tokens.shape[0],
-      beam_size=beam_size, max_length=max_length, max_lengths=max_lengths,
+      step_fn, cache, batch_size=encoder_input_tokens.shape[0], beam_size=beam_size,
+      max_length=max_length, context=source_cache, max_lengths=max_lengths,
       length_penalty=length_penalty, length_penalty_form=length_penalty_form,
-      early_stopping=early_stopping)
+      early_stopping=early_stopping, smallest_batch=smallest_batch)

@@ -28,13 +28,14 @@ def _code(prefix):
   return code
 
 
-def _history_step(tokens, cache, position):
+def _history_step(tokens, cache, position, context=None):
   """Logits looked up by the whole fed prefix, which the cache holds.
 
   cache: ({'history': int32 [N, T]}, float32 [N, (V + 1)**T, V]), the fed tokens
   and one table per sentence indexed by `_code`, so a cache row that stayed with
   the wrong beam or sentence changes the logits.
   """
+  del context
   history = cache[0]['history'].at[:, position].set(tokens)
   code = jnp.zeros_like(tokens)
   for j in range(T):
@@ -43,10 +44,19 @@ def _history_step(tokens, cache, position):
   return logits[:, 0], ({'history': history}, cache[1])  # [N, V]
 
 
-def _position_step(tokens, cache, position):
+def _position_step(tokens, cache, position, context=None):
   """Logits set by the position alone: cache {'table': float32 [N, T, V]}."""
-  del tokens
+  del tokens, context
   return cache['table'][:, position], cache
+
+
+def _context_step(tokens, cache, position, context):
+  """`_history_step` with each sentence's table in the context [B, (V + 1)**T, V]
+  instead of the cache, so a context row that left its sentence changes the logits."""
+  rows_per_sentence = tokens.shape[0] // context.shape[0]
+  table = jnp.repeat(context, rows_per_sentence, axis=0)  # [N, (V + 1)**T, V]
+  logits, (history, _) = _history_step(tokens, (cache, table), position)
+  return logits, history
 
 
 def _log_softmax(x):
@@ -109,11 +119,11 @@ def _random_cache(seed, batch_size=B):
 
 @functools.lru_cache(maxsize=None)
 def _jit_beam(step_fn, batch_size, beam_size, max_length, form='fairseq',
-              early_stopping=False):
+              early_stopping=False, smallest_batch=8):
   return jax.jit(functools.partial(
       decoding.beam_search, step_fn, batch_size=batch_size, beam_size=beam_size,
       max_length=max_length, length_penalty_form=form,
-      early_stopping=early_stopping))
+      early_stopping=early_stopping, smallest_batch=smallest_batch))
 
 
 @functools.lru_cache(maxsize=None)
@@ -140,6 +150,39 @@ def test_beam_search_matches_brute_force(form, alpha, seed):
     _assert_matches(np.asarray(tokens[b]), np.asarray(scores[b]), expected)
 
 
+@pytest.mark.parametrize('early_stopping', [False, True])
+def test_finished_sentences_leave_the_batch_without_changing_any_result(early_stopping):
+  # Limits of 1..4 tokens make the sentences finish at different steps, so
+  # phases of 16, 8, 4, 2 and 1 sentences each take over part of the search.
+  sentences, beams = 16, 3
+  rng = np.random.default_rng(5)
+  table = rng.normal(size=(sentences, (V + 1)**T, V)).astype(np.float32)
+  limits = jnp.asarray(rng.integers(1, T + 1, size=sentences))
+  history = decoding.tile_beams({'history': jnp.zeros((sentences, T), jnp.int32)}, beams)
+  rows_fed = []
+
+  def step(tokens, cache, position, context):
+    jax.debug.callback(lambda fed: rows_fed.append(fed.shape[0]), tokens)
+    return _context_step(tokens, cache, position, context)
+
+  search = lambda smallest, batch: _jit_beam(step, batch, beams, T, 'fairseq', early_stopping, smallest)
+  whole = search(sentences, sentences)(history, context=table, length_penalty=1.0, max_lengths=limits)
+  jax.effects_barrier()  # the callbacks have run
+  assert set(rows_fed) == {sentences * beams}
+  rows_fed.clear()
+  compacted = search(1, sentences)(history, context=table, length_penalty=1.0, max_lengths=limits)
+  jax.effects_barrier()
+  assert min(rows_fed) < sentences * beams
+  np.testing.assert_array_equal(compacted[0], whole[0])
+  np.testing.assert_array_equal(compacted[1], whole[1])
+  # A sentence decoded alone gets the same hypotheses as in its batch.
+  one = {'history': jnp.zeros((beams, T), jnp.int32)}
+  for b in range(sentences):
+    alone = search(1, 1)(one, context=table[b:b + 1], length_penalty=1.0, max_lengths=limits[b:b + 1])
+    np.testing.assert_array_equal(alone[0][0], whole[0][b])
+    np.testing.assert_allclose(alone[1][0], whole[1][b], rtol=1e-6)
+
+
 def test_per_sentence_limits_force_eos():
   cache, log_probs = _random_cache(seed=3)
   limits = [1, 2, 4]
@@ -162,7 +205,7 @@ def test_early_stop_keeps_the_best(form):
   rng = np.random.default_rng(4)
   steps = []
 
-  def step(tokens, cache, position):
+  def step(tokens, cache, position, context=None):
     jax.debug.callback(steps.append, position)
     return _position_step(tokens, cache, position)
 
@@ -181,6 +224,7 @@ def test_early_stop_keeps_the_best(form):
   table[:, :, EOS] += 5.0
   steps.clear()
   search(decoding.tile_beams({'table': table}, 2), length_penalty=1.0)
+  jax.effects_barrier()  # the callbacks have run
   assert len(steps) < max_length
 
 
@@ -211,11 +255,12 @@ def test_early_stopping_ends_a_sentence_at_its_kth_finished_hypothesis():
   cache = _history_cache(np.broadcast_to(log_probs, (4,) + log_probs.shape))
   steps = []
 
-  def step(tokens, cache, position):
+  def step(tokens, cache, position, context=None):
     jax.debug.callback(steps.append, position)
     return _history_step(tokens, cache, position)
 
   tokens, scores = _jit_beam(step, 4, 1, T, 'fairseq', True)(cache, length_penalty=1.0)
+  jax.effects_barrier()
   assert tokens[0, 0].tolist() == [EOS, PAD, PAD, PAD] and len(steps) == 1
   np.testing.assert_allclose(scores[:, 0], np.log(0.6), rtol=1e-6)
 
@@ -255,7 +300,7 @@ def _python_greedy(step_fn, cache, max_length, limits):
   last, done = np.full(len(limits), BOS), np.zeros(len(limits), bool)
   step_fn = jax.jit(step_fn)
   for position in range(max_length):
-    logits, cache = step_fn(jnp.asarray(last), cache, jnp.int32(position))
+    logits, cache = step_fn(jnp.asarray(last), cache, jnp.int32(position), None)
     for b, limit in enumerate(limits):
       if not done[b]:
         forced = limit is not None and position == min(limit, max_length) - 1

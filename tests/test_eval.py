@@ -192,7 +192,7 @@ def test_eval_report_equals_sacrebleu_on_the_written_hypotheses(smoke_run):
   assert len(hypotheses) == len(text.source) == report['sentences'] == 461
   assert report['checkpoint_steps'] == [4, 6]
   assert report['decoding'] == {'beam_size': 2, 'length_penalty': 1.0, 'length_penalty_form': 'fairseq',
-                                'early_stopping': False,
+                                'early_stopping': False, 'smallest_batch': 8,
                                 'max_length_a': 2, 'max_length_b': 0.5, 'batch_size': 512}
   bleu = sacrebleu.metrics.BLEU()
   assert report['bleu'] == bleu.corpus_score(hypotheses, [text.reference]).score
