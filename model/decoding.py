@@ -160,14 +160,15 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=No
   the length limit; with `early_stopping` it is done as soon as it has K finished
   hypotheses (fairseq's rule, Hugging Face's early_stopping=True). A done
   sentence's hypotheses are final, so a sentence's result never depends on the
-  other sentences of its batch. Log-softmax and scores are float32.
+  other sentences of its batch. Log-probabilities and scores are float32.
 
   Finished sentences leave the batch, as in fairseq: the search runs in phases
   of B, B/2, B/4, ... sentences (down to `smallest_batch`), each a while loop
   that hands over to the next, on the sentences still running, once they fit
   in it. A step's cost grows with its rows, so a batch no longer pays full
   price for every step its slowest sentence takes. Each phase is static in
-  shape: one compilation per batch shape still covers the whole search.
+  shape: one compilation per batch shape still covers the whole search, though
+  every phase adds its loop body to the compile time.
 
   Args:
     step_fn: `(tokens [B*K], cache, position, context) -> (logits [B*K, V],
