@@ -188,8 +188,8 @@ def main(argv):
     lines = read_lines(args.input) if args.input else None
     # As in train.py: the search compiled per batch shape (and per halving of the batch) is
     # reused by every later eval of a model of this shape.
-    jax.config.update('jax_compilation_cache_dir',
-                      str(datasets.cache_dir(trained_model.load_config(workdir).data) / 'xla'))
+    jax.config.update('jax_compilation_cache_dir', str(datasets.compilation_cache_dir(
+        trained_model.load_config(workdir).data)))
     run = trained_model.restore(workdir, split, checkpoint, mesh)
     settings, batch_size = decoding_settings(run.config, flag_settings, args.batch_size)
     if lines is not None:

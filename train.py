@@ -38,7 +38,7 @@ def main(argv):
                                 to_terminal=flags.FLAGS['verbosity'].present)
   # Compiled train and eval steps are reused across restarts and sweep runs of the same shapes
   # (10-20 s per batch shape on a 2-core CPU).
-  jax.config.update('jax_compilation_cache_dir', str(datasets.cache_dir(config.data) / 'xla'))
+  jax.config.update('jax_compilation_cache_dir', str(datasets.compilation_cache_dir(config.data)))
   try:
     trainer.train_and_evaluate(config, WORKDIR.value)
   except run_log.DivergenceError as error:

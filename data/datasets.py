@@ -43,6 +43,11 @@ def cache_dir(data_config) -> Path:
   return Path(data_config.cache_dir or DEFAULT_CACHE_DIR).expanduser()
 
 
+def compilation_cache_dir(data_config) -> Path:
+  """Where train.py and eval.py keep compiled programs (JAX's persistent compilation cache)."""
+  return cache_dir(data_config) / 'xla'
+
+
 def source_fingerprint(data_config) -> str:
   """12 hex digits identifying the raw files prepared data is made from.
 

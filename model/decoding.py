@@ -134,15 +134,19 @@ def _phase_sizes(batch_size: int, smallest_batch: int) -> list[int]:
   return sizes
 
 
+def _take_rows(tree, rows):
+  """Every leaf's rows `rows` along axis 0."""
+  # Indices are in bounds by construction: 'clip' spares the per-element check.
+  return jax.tree.map(lambda x: jnp.take(x, rows, axis=0, mode='clip'), tree)
+
+
 def _take_sentences(state, keep, beam_size):
   """The sentences `keep` [M] of a search state: [B]-leading leaves by sentence, the cache's
   [B*K]-leading leaves by each kept sentence's K rows."""
   rows = (keep[:, None] * beam_size + jnp.arange(beam_size)).reshape(-1)  # [M*K]
-  # Indices are in bounds by construction: 'clip' spares the per-element check.
-  take = lambda index: lambda x: jnp.take(x, index, axis=0, mode='clip')
-  return {**jax.tree.map(take(keep), {name: value for name, value in state.items()
-                                      if name not in ('i', 'cache')}),
-          'i': state['i'], 'cache': jax.tree.map(take(rows), state['cache'])}
+  return {**_take_rows({name: value for name, value in state.items()
+                        if name not in ('i', 'cache')}, keep),
+          'i': state['i'], 'cache': _take_rows(state['cache'], rows)}
 
 
 def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=None,
@@ -275,9 +279,7 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=No
         'alive_log_probs': alive_log_probs,
         'finished_seqs': finished_seqs,
         'finished_scores': finished_scores,
-        # Rows are in bounds: 'clip' spares the per-element check of the default.
-        'cache': jax.tree.map(
-            lambda x: jnp.take(x, rows, axis=0, mode='clip'), cache),
+        'cache': _take_rows(cache, rows),
     }
     new_state['done'] = done | is_done(new_state)
     return new_state
@@ -304,13 +306,12 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=No
       'cache': cache,
   }
   seqs, scores = state['finished_seqs'], state['finished_scores']
-  sizes = _phase_sizes(b, smallest_batch)
-  for size, next_size in zip(sizes, sizes[1:] + [0]):
+  # Each phase runs while more sentences are running than the next one holds
+  # (the last: while any is).
+  for next_size in _phase_sizes(b, smallest_batch)[1:] + [0]:
 
     def cond(state, next_size=next_size):
-      running = ~state['done']
-      return ((state['i'] < max_length) & jnp.any(running)
-              & (jnp.sum(running) > next_size))
+      return (state['i'] < max_length) & (jnp.sum(~state['done']) > next_size)
 
     state = jax.lax.while_loop(cond, body, state)
     # Done sentences leave with their results; the rest are written again later.
