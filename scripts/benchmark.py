@@ -27,11 +27,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
-from training import command_line, train_state
 from data import tokenizer as tokenizer_lib
 from model import flops as flops_lib
 from model import translate as translate_lib
+from scripts.timing import cpu_matmul_gflops, median_seconds
+from training import command_line, train_state
 from training.optimizer import make_optimizer
 
 command_line.define_config_flag()
@@ -73,28 +73,11 @@ def synthetic_batch(batch_size: int, source_length: int, target_length: int, voc
           'decoder_target_weights': np.ones((batch_size, target_length), np.float32)}
 
 
-def _median_seconds(fn, repeats: int) -> float:
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 def _compiled(jitted, *args):
   """(compiled executable, seconds to lower and compile)."""
   start = time.perf_counter()
   compiled = jitted.lower(*args).compile()
   return compiled, time.perf_counter() - start
-
-
-def cpu_matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
-  """What XLA reaches on this machine for one float32 [size, size] matmul: the practical peak."""
-  a = jnp.ones((size, size), jnp.float32)
-  matmul = jax.jit(lambda x: x @ x).lower(a).compile()
-  jax.block_until_ready(matmul(a))
-  return 2 * size**3 / _median_seconds(lambda: matmul(a), repeats) / 1e9
 
 
 def benchmark_training(config, vocab_size: int, batch_size: int, source_length: int,
@@ -137,7 +120,7 @@ def benchmark_decoding(model, variables, batch_size: int, source_length: int, ta
     start = time.perf_counter()
     jax.block_until_ready(search(variables, source))  # compiles
     compile_seconds = time.perf_counter() - start
-    seconds = _median_seconds(lambda: search(variables, source), repeats)
+    seconds = median_seconds(lambda: search(variables, source), repeats)
     results[name] = {'sentences_per_sec': batch_size / seconds, 'seconds_per_batch': seconds,
                      'compile_and_first_call_seconds': compile_seconds}
   return results

@@ -10,6 +10,11 @@ inverse-sqrt warmup, label smoothing 0.1, no validation and no checkpoints insid
 steps. Reports the median over log windows (after the first) of real target tokens per second,
 EOS included and padding excluded, which is what fairseq's `wps` counts; compilation is timed
 apart, as train.py does. A benchmark, not a test: nothing here asserts a speed.
+
+It also counts the matrix-product FLOPs (`model/flops.py`) of the very batches the run trained on,
+per real target token, which is what padding costs, and with the token rate the FLOP rate the loop
+reached, beside the float32 matmul rate this CPU reaches in the same process
+(docs/performance.md, "Training against fairseq: where the step stands").
 """
 
 import json
@@ -21,7 +26,10 @@ from absl import app, flags
 import jax
 
 from configs import multi30k
-from training import command_line, trainer
+from data import pipeline, tokenizer as tokenizer_lib
+from model import flops
+from scripts.timing import cpu_matmul_gflops
+from training import command_line, train_state, trainer
 from training.run_dir import METRICS_FILE
 
 # The two shapes of ../shared/peers/fairseq/bench.sh, with its learning rates and warmups.
@@ -71,15 +79,42 @@ def measure(config, workdir: str) -> dict:
   }
 
 
+def flops_per_target_token(config) -> float:
+  """Matmul FLOPs of the run's training steps per real target token, over the same batches.
+
+  The batch order depends only on the seed, so a fresh iterator yields the batches the run took.
+  """
+  tokenizer = tokenizer_lib.get_tokenizer(config.data)
+  model_config = train_state.build_model(config, tokenizer.vocab_size).config
+  batches = pipeline.make_train_iterator(config.data, tokenizer, seed=config.train.seed,
+                                         batch_multiple=jax.local_device_count())
+  total_flops = target_tokens = 0
+  for _ in range(config.train.num_steps):
+    batch = next(batches)
+    rows, source_length = batch['encoder_input_tokens'].shape
+    total_flops += flops.train_step_flops(model_config, rows, source_length,
+                                          batch['decoder_input_tokens'].shape[1])
+    target_tokens += float(batch['decoder_target_weights'].sum())
+  return total_flops / target_tokens
+
+
 def main(argv):
   del argv
   config = recipe_config(RECIPE.value, STEPS.value, LOG_EVERY.value)
   with tempfile.TemporaryDirectory() as scratch:
     report = measure(config, WORKDIR.value or scratch)
   report['recipe'] = RECIPE.value
+  report['matmul_flops_per_target_token'] = flops_per_target_token(config)
+  report['model_gflops_per_sec'] = report['tokens_per_sec'] * report['matmul_flops_per_target_token'] / 1e9
+  if jax.devices()[0].platform == 'cpu':
+    report['cpu_matmul_peak_gflops'] = cpu_matmul_gflops()
   print(f"train.py {RECIPE.value}: median {report['tokens_per_sec']:,.0f} real target tokens/s "
         f"over {report['steps']} steps; {report['compiled_shapes']} shapes compiled in "
         f"{report['compile_seconds']:.0f} s ({report['device']})")
+  peak = (f"; this CPU's float32 matmul: {report['cpu_matmul_peak_gflops']:.0f} GFLOP/s"
+          if 'cpu_matmul_peak_gflops' in report else '')
+  print(f"  {report['matmul_flops_per_target_token'] / 1e6:.2f} matmul MFLOP per real target token, "
+        f"{report['model_gflops_per_sec']:.1f} GFLOP/s{peak}")
   if OUT.value:
     Path(OUT.value).parent.mkdir(parents=True, exist_ok=True)
     Path(OUT.value).write_text(json.dumps(report, indent=2))
