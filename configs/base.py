@@ -83,6 +83,8 @@ def get_config() -> ml_collections.ConfigDict:
   data.max_length = 128
   # Token budget per training batch (padded source or target tokens, the larger), like fairseq --max-tokens.
   data.max_tokens = 4096
+  # Pack several pairs into training rows of this many tokens per side (0: one pair per row, bucketed).
+  data.pack_length = 0
   # Split used for validation loss and BLEU during training.
   data.eval_split = 'validation'
   # Sentences per evaluation batch.

@@ -12,6 +12,14 @@ Every batch is a dict of numpy arrays:
 and training batches also carry `epoch` ([] int32, the epoch the batch belongs
 to). `example_index` and `epoch` are bookkeeping for the host, not model inputs.
 
+With data.pack_length a training row holds several pairs one after the other
+(batching.pack), and its batches instead of `example_index` carry
+  encoder_segment_ids     [B, S] int32    pair 1, 2, ... of the row; 0 on pad
+  decoder_segment_ids     [B, T] int32    the same for the target side
+  encoder_positions       [B, S] int32    0, 1, ... within each pair
+  decoder_positions       [B, T] int32
+(model/transformer.py keeps the pairs apart with them).
+
 Multi-host: data_config.max_tokens budgets the global batch. Every process
 computes the same plan of global batches (batching.BatchPlan, from the seed
 alone) and assembles only its contiguous block of rows of each batch, so all
@@ -85,7 +93,8 @@ def make_train_iterator(data_config, tokenizer: tokenizer_lib.Tokenizer, *,
   plan = batching.make_plan(
       source.lengths + 1, target.lengths + 1,
       max_length=data_config.max_length, max_tokens=data_config.max_tokens,
-      batch_multiple=batch_multiple * process_count, seed=seed)
+      batch_multiple=batch_multiple * process_count, seed=seed,
+      pack_length=data_config.pack_length)
   num_filtered = len(source) - len(plan.example_ids)
   logging.info('Training on %d pairs in %d batches per epoch; %d pairs longer '
                'than max_length=%d tokens are left out', len(plan.example_ids),
@@ -102,7 +111,13 @@ def make_train_iterator(data_config, tokenizer: tokenizer_lib.Tokenizer, *,
     local = len(rows) // process_count
     rows = rows[process_index * local:(process_index + 1) * local]
     length = plan.lengths[bucket]
-    batch = assemble(source, target, rows, length, length)
+    if plan.pack_length:
+      batch = assemble_packed(source, target, [plan.row_pairs(row) if row >= 0 else []
+                                               for row in rows], length)
+    else:
+      # One pair per row: row r holds pair example_ids[r].
+      pairs = np.where(rows >= 0, plan.example_ids[np.maximum(rows, 0)], -1)
+      batch = assemble(source, target, pairs, length, length)
     batch['epoch'] = np.asarray(epoch, np.int32)
     return batch
 
@@ -199,25 +214,75 @@ def assemble(source: token_ids.RaggedIds, target: token_ids.RaggedIds,
   }
 
 
+def assemble_packed(source: token_ids.RaggedIds, target: token_ids.RaggedIds,
+                    rows: list[np.ndarray], length: int) -> dict[str, np.ndarray]:
+  """Builds the arrays of packed rows: row b holds the pairs rows[b], one after the other.
+
+  Every pair's span on each side is its tokens plus EOS (the decoder input: BOS plus its
+  tokens), numbered by segment id 1, 2, ... with positions from 0; the rest is padding.
+
+  Args:
+    source: Source token ids of the split, no EOS.
+    target: Target token ids of the split, no EOS.
+    rows: [B] arrays of pair ids (empty: a padding row).
+    length: P, at least every row's sources' (and targets') tokens plus one each.
+  """
+  counts = np.array([len(row) for row in rows], np.int64)
+  pairs = np.concatenate([np.asarray(row, np.int64) for row in rows] + [np.zeros(0, np.int64)])
+  pair_rows = np.repeat(np.arange(len(rows)), counts)
+  in_row = _within(counts)  # index of each pair within its row
+  batch = {}
+  for side, ragged in (('encoder', source), ('decoder', target)):
+    spans = ragged.offsets[pairs + 1] - ragged.offsets[pairs] + 1  # tokens + EOS (or BOS)
+    starts = np.cumsum(spans) - spans
+    starts -= np.repeat(starts[in_row == 0], counts[counts > 0])  # from the row's first column
+    span_rows, span_columns = np.repeat(pair_rows, spans), np.repeat(starts, spans) + _within(spans)
+    for name, values in (('segment_ids', np.repeat(in_row + 1, spans)), ('positions', _within(spans))):
+      batch[f'{side}_{name}'] = np.zeros((len(rows), length), np.int32)
+      batch[f'{side}_{name}'][span_rows, span_columns] = values
+    if side == 'encoder':
+      batch['encoder_input_tokens'] = _place(source, pairs, pair_rows, starts, len(rows), length,
+                                             shift=0, marker=tokenizer_lib.EOS_ID)
+    else:
+      batch['decoder_input_tokens'] = _place(target, pairs, pair_rows, starts, len(rows), length,
+                                             shift=1, marker=tokenizer_lib.BOS_ID)
+      batch['decoder_target_tokens'] = _place(target, pairs, pair_rows, starts, len(rows), length,
+                                              shift=0, marker=tokenizer_lib.EOS_ID)
+  batch['decoder_target_weights'] = (batch['decoder_target_tokens'] != tokenizer_lib.PAD_ID).astype(
+      np.float32)
+  return batch
+
+
+def _within(lengths: np.ndarray) -> np.ndarray:
+  """0, 1, ..., n - 1 for every n in `lengths`, concatenated."""
+  return np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+
+
+def _place(ragged: token_ids.RaggedIds, pairs: np.ndarray, rows: np.ndarray,
+           columns: np.ndarray, num_rows: int, width: int, *, shift: int,
+           marker: int) -> np.ndarray:
+  """[num_rows, width] ids: pair pairs[i] from column columns[i] of row rows[i], 0 elsewhere.
+
+  Each sequence is shifted right by `shift` (0 or 1) within its span; `marker` goes at
+  the span's first column when shift is 1 (BOS), else right after the sequence (EOS).
+  """
+  out = np.zeros((num_rows, width), np.int32)
+  starts = ragged.offsets[pairs]
+  lengths = ragged.offsets[pairs + 1] - starts
+  within = _within(lengths)
+  # One entry per token of the batch: its row, and its column.
+  out[np.repeat(rows, lengths), np.repeat(columns, lengths) + within + shift] = ragged.ids[
+      np.repeat(starts, lengths) + within]
+  out[rows, columns + (0 if shift else lengths)] = marker
+  return out
+
+
 def _pad(ragged: token_ids.RaggedIds, rows: np.ndarray, width: int, *,
          shift: int, marker: int) -> np.ndarray:
-  """[B, width] ids of `rows`, shifted right by `shift` (0 or 1), 0-padded.
-
-  `marker` goes at position 0 when shift is 1 (BOS), else right after the
-  sequence (EOS).
-  """
-  out = np.zeros((len(rows), width), np.int32)
+  """[B, width] ids of `rows` (-1: a padding row), one sequence per row from column 0."""
   real = np.flatnonzero(rows >= 0)
-  starts = ragged.offsets[rows[real]]
-  lengths = ragged.offsets[rows[real] + 1] - starts
-  # One entry per token of the batch: its row, and its column in the sequence.
-  token_rows = np.repeat(real, lengths)
-  columns = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths,
-                                                 lengths)
-  out[token_rows, columns + shift] = ragged.ids[np.repeat(starts, lengths) +
-                                                columns]
-  out[real, 0 if shift else lengths] = marker
-  return out
+  return _place(ragged, rows[real], real, np.zeros(len(real), np.int64), len(rows), width,
+                shift=shift, marker=marker)
 
 
 def _split_ids(data_config, tokenizer: tokenizer_lib.Tokenizer, split: str):

@@ -30,6 +30,26 @@ def padding_mask(query_mask: jnp.ndarray, key_mask: jnp.ndarray) -> jnp.ndarray:
   return query_mask[:, None, :, None] & key_mask[:, None, None, :]
 
 
+def segment_mask(query_segments: jnp.ndarray, key_segments: jnp.ndarray) -> jnp.ndarray:
+  """Packed rows: a query attends only to real keys of its own pair (segment).
+
+  Segment ids number the pairs of a row 1, 2, ...; 0 is padding. Rows of one pair each
+  (segments = token_mask) give exactly `padding_mask`.
+
+  >>> segment_mask(jnp.array([[1, 1, 2, 0]]), jnp.array([[1, 2, 2]]))[0, 0].astype(int)
+  [[1, 0, 0], [1, 0, 0], [0, 1, 1], [0, 0, 0]]
+
+  Args:
+    query_segments: [B, T] int.
+    key_segments: [B, S] int.
+
+  Returns:
+    [B, 1, T, S] bool.
+  """
+  same = query_segments[:, None, :, None] == key_segments[:, None, None, :]
+  return same & padding_mask(query_segments != 0, key_segments != 0)
+
+
 def causal_mask(length: int) -> jnp.ndarray:
   """[1, 1, T, T] bool, lower triangular: position t sees positions <= t.
 
@@ -39,9 +59,13 @@ def causal_mask(length: int) -> jnp.ndarray:
   return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
 
-def decoder_self_mask(target_mask: jnp.ndarray) -> jnp.ndarray:
-  """Causal and padding mask of decoder self-attention: [B, 1, T, T] bool."""
-  return padding_mask(target_mask, target_mask) & causal_mask(target_mask.shape[1])
+def decoder_self_mask(target_segments: jnp.ndarray) -> jnp.ndarray:
+  """Causal mask of decoder self-attention within each pair: [B, 1, T, T] bool.
+
+  Args:
+    target_segments: [B, T] int segment ids, 0 at padding (a bool token mask for one pair per row).
+  """
+  return segment_mask(target_segments, target_segments) & causal_mask(target_segments.shape[1])
 
 
 def cached_step_mask(position: jnp.ndarray, cache_length: int) -> jnp.ndarray:

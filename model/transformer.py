@@ -4,13 +4,19 @@ Dimensions: B batch, S source length, T target length, D model width, V vocabula
 C decoding cache slots, K hypotheses per sentence, R = B * K decoding rows.
 
 Entry points (all pure: parameters and caches go in and come out):
-  __call__(encoder_input_tokens, decoder_input_tokens, train) -> logits [B, T, V] (float32)
-  encode(encoder_input_tokens, train) -> encoded [B, S, D]
-  decode(encoded, encoder_input_tokens, decoder_input_tokens, train) -> logits [B, T, V]
+  __call__(encoder_input_tokens, decoder_input_tokens, train, **packing) -> logits [B, T, V] (float32)
+  encode(encoder_input_tokens, train, segment_ids, positions) -> encoded [B, S, D]
+  decode(encoded, encoder_input_tokens, decoder_input_tokens, train, **packing) -> logits [B, T, V]
   source_cache(encoded, encoder_input_tokens) -> source_cache
   init_cache(rows, max_decode_length) -> cache
   decode_step(tokens [R], cache, position_index, source_cache) -> (logits [R, V], cache)
 Token id 0 is padding everywhere.
+
+Packed rows (data.pack_length) hold several pairs each. Their batches add the features
+  encoder_segment_ids, decoder_segment_ids  [B, S], [B, T] int: pair 1, 2, ... of the row, 0 at padding
+  encoder_positions, decoder_positions      [B, S], [B, T] int: positions restarting at 0 in each pair
+and attention stays within a pair (masks.segment_mask), so every pair's logits are those it would
+get in a row of its own. Without them a row is one right-padded pair.
 
 Decoding keeps two pytrees apart:
   source_cache {'encoder_mask': [B, S] bool, 'layers': [{'key', 'value'} [B, S, N, H], ...]}:
@@ -68,9 +74,13 @@ def _tied_logits_backward(residuals, logits_grad):
 tied_logits.defvjp(_tied_logits_forward, _tied_logits_backward)
 
 
-def _positions(tokens: jnp.ndarray) -> jnp.ndarray:
-  """[B, L] int32 positions 0..L-1 (sequences are right-padded)."""
-  return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+def _segments_and_positions(tokens, segment_ids, positions):
+  """A packed row's features as given, else those of one right-padded pair per row: [B, L] each."""
+  if segment_ids is None:
+    segment_ids = masks.token_mask(tokens).astype(jnp.int32)
+  if positions is None:
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+  return segment_ids, positions
 
 
 class Transformer(nn.Module):
@@ -118,30 +128,38 @@ class Transformer(nn.Module):
     return jnp.einsum('...D,DV->...V', x, self.output_kernel.astype(x.dtype),
                       preferred_element_type=jnp.float32)
 
-  def encode(self, encoder_input_tokens, *, train: bool = False):
-    """[B, S] tokens -> [B, S, D] encoder output."""
+  def encode(self, encoder_input_tokens, *, train: bool = False, segment_ids=None, positions=None):
+    """[B, S] tokens (and, for packed rows, their segment ids and positions) -> [B, S, D]."""
     token_mask = masks.token_mask(encoder_input_tokens)  # [B, S]
-    attention_mask = masks.padding_mask(token_mask, token_mask)  # [B, 1, S, S]
-    positions = _positions(encoder_input_tokens)
+    segment_ids, positions = _segments_and_positions(encoder_input_tokens, segment_ids, positions)
+    attention_mask = masks.segment_mask(segment_ids, segment_ids)  # [B, 1, S, S]
     x = self._embed(self.source_embedding, self.encoder_positions, encoder_input_tokens, positions, train)
     for layer in self.encoder_layers:
       x = layer(x, token_mask, attention_mask, positions, train)
     return self._final_norm('encoder_final_norm', x, token_mask, train)
 
-  def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, *, train: bool = False):
+  def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, *, train: bool = False,
+             encoder_segment_ids=None, decoder_segment_ids=None, decoder_positions=None):
     """Teacher-forced decoder: [B, T] right-shifted targets -> [B, T, V] float32 logits."""
     target_mask = masks.token_mask(decoder_input_tokens)  # [B, T]
-    self_mask = masks.decoder_self_mask(target_mask)  # [B, 1, T, T]
-    cross_mask = masks.padding_mask(target_mask, masks.token_mask(encoder_input_tokens))  # [B, 1, T, S]
-    positions = _positions(decoder_input_tokens)
+    decoder_segment_ids, positions = _segments_and_positions(
+        decoder_input_tokens, decoder_segment_ids, decoder_positions)
+    encoder_segment_ids, _ = _segments_and_positions(encoder_input_tokens, encoder_segment_ids, None)
+    self_mask = masks.decoder_self_mask(decoder_segment_ids)  # [B, 1, T, T]
+    cross_mask = masks.segment_mask(decoder_segment_ids, encoder_segment_ids)  # [B, 1, T, S]
     x = self._embed(self._target_embedding(), self.decoder_positions, decoder_input_tokens, positions, train)
     for layer in self.decoder_layers:
       x = layer(x, encoded, target_mask, self_mask, cross_mask, positions, train)
     return self._logits(self._final_norm('decoder_final_norm', x, target_mask, train))
 
-  def __call__(self, encoder_input_tokens, decoder_input_tokens, *, train: bool = False):
-    encoded = self.encode(encoder_input_tokens, train=train)
-    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, train=train)
+  def __call__(self, encoder_input_tokens, decoder_input_tokens, *, train: bool = False,
+               encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
+               decoder_positions=None):
+    encoded = self.encode(encoder_input_tokens, train=train, segment_ids=encoder_segment_ids,
+                          positions=encoder_positions)
+    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, train=train,
+                       encoder_segment_ids=encoder_segment_ids,
+                       decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions)
 
   def source_cache(self, encoded, encoder_input_tokens):
     """What decoding reads of one source batch: its mask and every layer's cross-attention keys

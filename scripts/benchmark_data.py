@@ -42,7 +42,10 @@ def main(argv) -> None:
   for _ in range(NUM_BATCHES.value):
     batch = next(iterator)
     tokens = batch['encoder_input_tokens']
-    examples += int(np.sum(batch['example_index'] >= 0))
+    if 'decoder_segment_ids' in batch:  # packed rows: a row's pairs are its segments 1..n
+      examples += int(batch['decoder_segment_ids'].max(axis=1).sum())
+    else:
+      examples += int(np.sum(batch['example_index'] >= 0))
     real_tokens += int(np.count_nonzero(tokens) +
                        batch['decoder_target_weights'].sum())
     padded_tokens += 2 * tokens.size

@@ -49,10 +49,13 @@ STEPS = flags.DEFINE_integer('steps', 120, 'Training steps (fairseq bench.sh: 12
 LOG_EVERY = flags.DEFINE_integer('log_every', 20, 'Steps per throughput window (fairseq: 20).')
 OUT = flags.DEFINE_string('out', None, 'Write the measurements here as JSON.')
 WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (default: a fresh temporary one).')
+PACK_LENGTH = flags.DEFINE_integer('pack_length', 0, 'config.data.pack_length: pack pairs into rows '
+                                   'of this many tokens (0: one pair per row).')
 
 
-def recipe_config(recipe: str, steps: int, log_every: int):
+def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int = 0):
   config = multi30k.get_config('de_en')
+  config.data.pack_length = pack_length
   for section, fields in RECIPES[recipe].items():
     config[section].update(fields)
   config.optim.schedule = 'inverse_sqrt'
@@ -100,10 +103,11 @@ def flops_per_target_token(config) -> float:
 
 def main(argv):
   del argv
-  config = recipe_config(RECIPE.value, STEPS.value, LOG_EVERY.value)
+  config = recipe_config(RECIPE.value, STEPS.value, LOG_EVERY.value, PACK_LENGTH.value)
   with tempfile.TemporaryDirectory() as scratch:
     report = measure(config, WORKDIR.value or scratch)
   report['recipe'] = RECIPE.value
+  report['pack_length'] = PACK_LENGTH.value
   report['matmul_flops_per_target_token'] = flops_per_target_token(config)
   report['model_gflops_per_sec'] = report['tokens_per_sec'] * report['matmul_flops_per_target_token'] / 1e9
   if jax.devices()[0].platform == 'cpu':

@@ -57,6 +57,16 @@ def create_train_state(model: Transformer, tx: optax.GradientTransformation, see
   return jax.jit(init, out_shardings=shardings)()
 
 
+# What a batch of packed rows adds to the tokens (data.pack_length; model/transformer.py).
+PACKING_FEATURES = ('encoder_segment_ids', 'decoder_segment_ids', 'encoder_positions',
+                    'decoder_positions')
+
+
+def packing_features(batch: dict) -> dict:
+  """The packed-row features of `batch`, as keyword arguments of the model; none for unpacked rows."""
+  return {name: batch[name] for name in PACKING_FEATURES if name in batch}
+
+
 def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.GradientTransformation,
                label_smoothing: float, dropout_key: jax.Array) -> tuple[TrainState, dict]:
   """One optimizer step on a (global) batch; the loss is the mean over its real target tokens.
@@ -69,7 +79,8 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.
   def loss_fn(params):
     logits, updates = model.apply(
         model_variables(params, state.batch_stats), batch['encoder_input_tokens'],
-        batch['decoder_input_tokens'], train=True, rngs={'dropout': step_key}, mutable=['batch_stats'])
+        batch['decoder_input_tokens'], train=True, rngs={'dropout': step_key}, mutable=['batch_stats'],
+        **packing_features(batch))
     sums = losses.weighted_sums(logits, batch['decoder_target_tokens'],
                                 batch['decoder_target_weights'], label_smoothing)
     return sums['loss'] / jnp.maximum(sums['tokens'], 1.0), (sums, updates)

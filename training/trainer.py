@@ -318,10 +318,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
 def describe_data(data_config, train_iter: pipeline.TrainIterator, tokenizer) -> str:
   """The console's line about the prepared data."""
   source, target = datasets.language_pair(data_config)
+  packing = (f', packed into rows of {data_config.pack_length} tokens'
+             if data_config.pack_length else '')
   return (f'data: {data_config.dataset} {source}->{target}, {train_iter.num_pairs:,} training pairs '
-          f'in {train_iter.batches_per_epoch} batches per epoch ({train_iter.num_filtered} longer than '
-          f'max_length={data_config.max_length} left out), vocabulary {tokenizer.vocab_size:,}; '
-          f'cached in {datasets.cache_dir(data_config)}')
+          f'in {train_iter.batches_per_epoch} batches per epoch{packing} ({train_iter.num_filtered} '
+          f'longer than max_length={data_config.max_length} left out), vocabulary '
+          f'{tokenizer.vocab_size:,}; cached in {datasets.cache_dir(data_config)}')
 
 
 def describe_model(model: Transformer, params, total_steps: int, resumed_from: int | None) -> str:

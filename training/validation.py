@@ -38,6 +38,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if config.data.max_tokens < config.data.max_length:
     raise ValueError(f'config.data.max_tokens={config.data.max_tokens} is smaller than '
                      f'config.data.max_length={config.data.max_length}: no long pair would fit a batch')
+  pack_length = config.data.pack_length
+  if not isinstance(pack_length, int) or isinstance(pack_length, bool) or not (
+      0 <= pack_length <= config.data.max_tokens):
+    raise ValueError(f'config.data.pack_length={pack_length!r} must be 0 (no packing) or a row '
+                     f'length up to config.data.max_tokens={config.data.max_tokens}')
   if config.data.source_lang == config.data.target_lang:
     raise ValueError(f'config.data.source_lang and target_lang are both {config.data.source_lang!r}')
   vocab = config.data.vocab_size
