@@ -9,6 +9,7 @@ tokenizer and token-id caches carry it too.
 """
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import io
@@ -99,6 +100,18 @@ def language_pair(data_config) -> tuple[str, str]:
   return pair
 
 
+@contextlib.contextmanager
+def _exclusive(lock_path: Path):
+  """Holds an advisory flock on `lock_path` (created if absent) for the block."""
+  lock_path.parent.mkdir(parents=True, exist_ok=True)
+  with open(lock_path, 'a') as lock_file:
+    fcntl.flock(lock_file, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
 def get_builder(data_config, splits: Sequence[str] | None = None):
   """Returns the dataset's TFDS builder, preparing the data on first use.
 
@@ -119,14 +132,16 @@ def get_builder(data_config, splits: Sequence[str] | None = None):
   data_dir = root / 'tfds' / fingerprint
   if splits is not None:
     data_dir = root / 'tfds_partial' / fingerprint / '+'.join(sorted(splits))
-  dataset_builder = cls(
-      config=data_config.dataset_config, data_dir=str(data_dir),
-      source_dir=data_config.source_dir, download_dir=str(root / 'downloads'),
-      splits=splits, file_format='array_record')
   # TFDS prints its progress bars and messages to the terminal; they go to the log instead.
   tfds.disable_progress_bar()
   printed = io.StringIO()
-  with contextlib.redirect_stdout(printed):
+  # Processes sharing the cache (sweep hosts, parallel runs) prepare it once: the first holds
+  # the lock while preparing, the others then open the prepared data.
+  with _exclusive(data_dir.with_name(data_dir.name + '.lock')), contextlib.redirect_stdout(printed):
+    dataset_builder = cls(
+        config=data_config.dataset_config, data_dir=str(data_dir),
+        source_dir=data_config.source_dir, download_dir=str(root / 'downloads'),
+        splits=splits, file_format='array_record')
     dataset_builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   if printed.getvalue().strip():
