@@ -17,11 +17,14 @@ WORKDIR/sweep.json records the config, the extra arguments and every run's overr
 reads the swept fields from it.
 """
 
+import ctypes
 import dataclasses
 import importlib.util
 import json
 import os
+from pathlib import Path
 import re
+import signal
 from typing import Any
 
 import ml_collections
@@ -30,6 +33,8 @@ from training import command_line
 from training.run_dir import CHECKPOINT_DIR, STATUS_FILE
 
 SWEEP_FILE = 'sweep.json'
+# The program every run trains in (locally, per host, or in a SLURM job).
+TRAIN_SCRIPT = str(Path(__file__).resolve().parents[1] / 'train.py')
 # An argument applied to every run: --config.KEY=VALUE.
 _EXTRA_ARG = re.compile(r'--config\.([A-Za-z0-9_.]+)=(.*)', re.DOTALL)
 # Labels of long field names in run names and report columns.
@@ -177,6 +182,27 @@ def expand(spec: str, workdir: str, extra_args: list[str] = ()) -> list[Run]:
                          'command line; use a value of the field\'s type')
     runs.append(Run(name, dict(overrides), args, config))
   return runs
+
+
+def host_share(runs: list[Run], num_hosts: int, host_index: int) -> list[Run]:
+  """The runs host `host_index` of `num_hosts` trains when hosts split a sweep: every
+  num_hosts-th run from its index, in sweep order.
+
+  A fixed assignment (big_vision's and XManager's work-unit index), so each run belongs to one
+  host: a host re-run after preemption resumes its own runs and never touches another's.
+  """
+  if num_hosts < 1 or not 0 <= host_index < num_hosts:
+    raise ValueError(f'--host_index={host_index} must be in [0, --num_hosts={num_hosts})')
+  return runs[host_index::num_hosts]
+
+
+def die_with_parent() -> None:
+  """In a train.py child before exec: SIGTERM when its parent dies, even by kill -9 (Linux), so no
+  train.py is left training a run that a re-run of the sweep would then find locked."""
+  try:
+    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+  except OSError:
+    pass
 
 
 def read_status(run_dir: str) -> dict | None:

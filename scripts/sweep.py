@@ -1,24 +1,33 @@
-"""Runs the sweep a config file defines: every run locally, one after another, or their commands.
+"""Runs the sweep a config file defines: on this machine, split over hosts, on a whole multi-host
+slice, or as SLURM jobs.
 
   python -m scripts.sweep configs/sweeps/xiong2020.py:warmup --workdir=runs/xiong_warmup
   python -m scripts.sweep configs/sweeps/xiong2020.py:depth --workdir=runs/xiong_depth --dry_run
   python -m scripts.sweep configs/sweeps/xiong2020.py:norm --workdir=runs/xiong_norm --only=rms \
       --config.train.num_steps=2000
 
-Each run trains in its own train.py process, so JAX state never leaks between runs and a run that
-diverges (exit status 1) does not stop the sweep; its output goes to WORKDIR/RUN/train.log.
-Re-running the command skips finished runs, resumes stopped or failed ones from their checkpoints
-and leaves diverged ones alone (--rerun_diverged resumes them too). SIGTERM or Ctrl-C is passed to
-the running train.py, which saves and stops, and then the sweep stops; a train.py whose sweep is
-killed outright gets SIGTERM too, so no run is left training behind a re-run's back. --dry_run prints one shell
-command per run, for a cluster or TPU-pod launcher, and writes nothing. Arguments
---config.KEY=VALUE are given to every run. Exit status 1 when a run failed; diverging is a result.
+Where the runs train (docs/scaling.md):
+- here (default): one train.py process per run, one after another.
+- one run per host: the same command on N hosts with --num_hosts=N --host_index=I; host I trains
+  every N-th run from the I-th, each on its own devices.
+- whole slice: the same command on every host with --multiprocess; each run trains on all hosts'
+  devices together (jax.distributed), in turn, in the sweep process (experiments/slice_sweep.py).
+- SLURM: --launcher=slurm submits one job per run through submitit (experiments/slurm.py) and
+  returns; jobs are requeued on time limit or preemption and resume.
+
+Locally and per host, each run trains in its own train.py process, so JAX state never leaks
+between runs and a run that diverges (exit status 1) does not stop the sweep; its output goes to
+WORKDIR/RUN/train.log. Re-running the command skips finished runs, resumes stopped or failed ones
+from their checkpoints and leaves diverged ones alone (--rerun_diverged resumes them too). SIGTERM
+or Ctrl-C is passed to the running train.py, which saves and stops, and then the sweep stops; a
+train.py whose sweep is killed outright gets SIGTERM too, so no run is left training behind a
+re-run's back. --dry_run prints one shell command per run (of this host's share), for a launcher
+of your own, and writes nothing. Arguments --config.KEY=VALUE are given to every run. Exit status
+1 when a run failed; diverging is a result.
 """
 
 import collections
-import ctypes
 import os
-from pathlib import Path
 import shlex
 import signal
 import subprocess
@@ -27,8 +36,11 @@ import time
 
 from absl import app, flags
 
-from experiments import sweeps
-from training import command_line
+import jax
+import submitit
+
+from experiments import slice_sweep, slurm, sweeps
+from training import command_line, partitioning, run_log, stop_signals
 from training.run_dir import LOG_FILE
 
 WORKDIR = flags.DEFINE_string('workdir', None, 'Folder of the sweep: one subfolder per run.',
@@ -38,8 +50,29 @@ ONLY = flags.DEFINE_multi_string('only', [], 'Only the runs whose name contains 
                                  '(repeatable: any of them).')
 RERUN_DIVERGED = flags.DEFINE_bool('rerun_diverged', False, 'Resume diverged runs as well, after '
                                    'changing what made them diverge.')
+NUM_HOSTS = flags.DEFINE_integer('num_hosts', 1, 'Hosts splitting the runs, each training its '
+                                 'share on its own devices (one run per host at a time).')
+HOST_INDEX = flags.DEFINE_integer('host_index', 0, 'This host in [0, --num_hosts): it trains runs '
+                                  'host_index, host_index + num_hosts, ...')
+MULTIPROCESS = flags.DEFINE_bool('multiprocess', False, 'Whole slice: join one jax.distributed job '
+                                 'with the other hosts and train each run on all their devices.')
+COORDINATOR_ADDRESS = flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 '
+                                          '(--multiprocess; detected on TPU pods and SLURM).')
+NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes of the --multiprocess job.')
+PROCESS_ID = flags.DEFINE_integer('process_id', None, 'Index of this process (--multiprocess).')
+LAUNCHER = flags.DEFINE_enum('launcher', 'local', ['local', 'slurm'], 'local: train here; slurm: '
+                             'submit one job per run through submitit and return.')
+SLURM_PARTITION = flags.DEFINE_string('slurm_partition', None, 'SLURM partition (cluster default '
+                                      'if unset).')
+SLURM_TIME_MIN = flags.DEFINE_integer('slurm_time_min', 240, 'Time limit per job in minutes; a '
+                                      'job reaching it saves and is requeued.')
+SLURM_NODES = flags.DEFINE_integer('slurm_nodes', 1, 'Nodes per run (one task each; more than one '
+                                   'trains the run with jax.distributed over them).')
+SLURM_CPUS_PER_TASK = flags.DEFINE_integer('slurm_cpus_per_task', 8, 'CPUs per node of a run.')
+SLURM_GPUS_PER_NODE = flags.DEFINE_integer('slurm_gpus_per_node', 0, 'GPUs per node of a run.')
+SLURM_ARRAY_PARALLELISM = flags.DEFINE_integer('slurm_array_parallelism', 64, 'Runs of the job '
+                                               'array running at once.')
 
-TRAIN = Path(__file__).resolve().parents[1] / 'train.py'
 USAGE = 'usage: sweep.py CONFIG_FILE[:PRESET] --workdir=DIR [--dry_run] [--only=TEXT] [--config.KEY=VALUE ...]'
 
 
@@ -73,15 +106,6 @@ class Forwarder:
       self.child.send_signal(signum)
 
 
-def _die_with_parent() -> None:
-  """In the child before exec: SIGTERM when the sweep dies, even by kill -9 (Linux), so no
-  train.py is left training a run that a re-run of the sweep would then find locked."""
-  try:
-    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-  except OSError:
-    pass
-
-
 def execute(run: sweeps.Run, run_dir: str, label: str, forwarder: Forwarder) -> str:
   """Trains (or skips) one run in a train.py subprocess; returns its state afterwards."""
   action = sweeps.plan(run_dir, run.config, rerun_diverged=RERUN_DIVERGED.value)
@@ -92,13 +116,13 @@ def execute(run: sweeps.Run, run_dir: str, label: str, forwarder: Forwarder) -> 
   os.makedirs(run_dir, exist_ok=True)
   log_path = os.path.join(run_dir, LOG_FILE)
   print(f'{label}: {action}, log in {log_path}', flush=True)
-  command = [sys.executable, str(TRAIN), *run.args]
+  command = [sys.executable, sweeps.TRAIN_SCRIPT, *run.args]
   start = time.perf_counter()
   with open(log_path, 'a') as log:
     log.write(f'# scripts/sweep.py ({action}): {shlex.join(command)}\n')
     log.flush()
     forwarder.child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True, preexec_fn=_die_with_parent)
+                                       start_new_session=True, preexec_fn=sweeps.die_with_parent)
     if forwarder.received is not None:  # arrived while the child was starting
       forwarder.child.send_signal(forwarder.received)
     code = forwarder.child.wait()
@@ -114,34 +138,98 @@ def execute(run: sweeps.Run, run_dir: str, label: str, forwarder: Forwarder) -> 
   return state
 
 
+def check_modes() -> None:
+  """One way of placing runs at a time; ValueError naming the clash."""
+  if MULTIPROCESS.value and NUM_HOSTS.value > 1:
+    raise ValueError('--multiprocess (each run on every host) and --num_hosts (runs split over '
+                     'hosts) are two different modes; give one')
+  if LAUNCHER.value == 'slurm' and (MULTIPROCESS.value or NUM_HOSTS.value > 1):
+    raise ValueError('--launcher=slurm places the runs itself: drop --multiprocess and --num_hosts '
+                     '(--slurm_nodes trains one run over several nodes)')
+
+
+def train_here(runs: list[sweeps.Run], workdir: str) -> collections.Counter:
+  """Each run in a train.py subprocess, in turn; stops the sweep on SIGTERM or SIGINT."""
+  forwarder = Forwarder()
+  states = collections.Counter()
+  for i, run in enumerate(runs, 1):
+    states[execute(run, os.path.join(workdir, run.name), f'[{i}/{len(runs)}] {run.name}',
+                   forwarder)] += 1
+    if forwarder.received is not None:
+      print(f'sweep {workdir}: stopped by {signal.Signals(forwarder.received).name} after {i} of '
+            f'{len(runs)} runs; run the same command to resume', flush=True)
+      sys.exit(128 + forwarder.received)
+  return states
+
+
+def submit_to_slurm(runs: list[sweeps.Run], workdir: str) -> None:
+  """Submits the runs that still need training as one SLURM job array."""
+  try:
+    executor = submitit.AutoExecutor(folder=os.path.join(workdir, 'slurm'), cluster='slurm')
+  except RuntimeError as error:  # no srun or sbatch here
+    raise SystemExit(f'sweep.py: --launcher=slurm: {error}') from None
+  executor.update_parameters(
+      name=os.path.basename(os.path.normpath(workdir)), timeout_min=SLURM_TIME_MIN.value,
+      nodes=SLURM_NODES.value, tasks_per_node=1, cpus_per_task=SLURM_CPUS_PER_TASK.value,
+      gpus_per_node=SLURM_GPUS_PER_NODE.value, slurm_partition=SLURM_PARTITION.value,
+      slurm_array_parallelism=SLURM_ARRAY_PARALLELISM.value)
+  pending = []
+  for i, run in enumerate(runs, 1):
+    run_dir = os.path.join(workdir, run.name)
+    if sweeps.plan(run_dir, run.config, rerun_diverged=RERUN_DIVERGED.value) == 'skip':
+      print(f'[{i}/{len(runs)}] {run.name}: {sweeps.read_status(run_dir)["state"]}, not submitted')
+    else:
+      pending.append(run)
+  if not pending:
+    return
+  jobs = slurm.submit(pending, workdir, executor, rerun_diverged=RERUN_DIVERGED.value)
+  for run, job in zip(pending, jobs):
+    print(f'{run.name}: submitted as job {job.job_id}, log in {job.paths.stdout}', flush=True)
+  print(f'sweep {workdir}: {len(jobs)} jobs submitted; run the same command after they end to '
+        'submit what is left, then scripts/report.py', flush=True)
+
+
 def main(argv: list[str]) -> None:
   spec, extra_args = argv[1], argv[2:]
   workdir = WORKDIR.value
   try:
+    check_modes()
+    if MULTIPROCESS.value:
+      # Library records (jax.distributed's, orbax's) go to each run's train.log, not the terminal.
+      run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
+      partitioning.initialize_distributed(COORDINATOR_ADDRESS.value, NUM_PROCESSES.value,
+                                          PROCESS_ID.value)
     runs = sweeps.expand(spec, workdir, extra_args)
     selected = [run for run in runs if not ONLY.value or any(text in run.name for text in ONLY.value)]
     if not selected:
       raise ValueError(f'--only={",".join(ONLY.value)} matches none of the {len(runs)} runs: '
                        f'{", ".join(run.name for run in runs)}')
-    if not DRY_RUN.value:
+    share = sweeps.host_share(selected, NUM_HOSTS.value, HOST_INDEX.value)
+    # One host or process writes the sweep's record.
+    primary = HOST_INDEX.value == 0 and (not MULTIPROCESS.value or jax.process_index() == 0)
+    if not DRY_RUN.value and primary:
       sweeps.write_sweep_json(workdir, spec, extra_args, runs)
   except ValueError as error:
     raise SystemExit(f'sweep.py: {error}') from None
   if DRY_RUN.value:
-    for run in selected:
-      print(shlex.join(['python', os.path.relpath(TRAIN), *run.args]))
+    for run in share:
+      print(shlex.join(['python', os.path.relpath(sweeps.TRAIN_SCRIPT), *run.args]))
     return
-  forwarder = Forwarder()
-  states = collections.Counter()
-  for i, run in enumerate(selected, 1):
-    states[execute(run, os.path.join(workdir, run.name), f'[{i}/{len(selected)}] {run.name}',
-                   forwarder)] += 1
-    if forwarder.received is not None:
-      print(f'sweep {workdir}: stopped by {signal.Signals(forwarder.received).name} after {i} of '
-            f'{len(selected)} runs; run the same command to resume', flush=True)
-      sys.exit(128 + forwarder.received)
-  print(f'sweep {workdir}: {len(selected)} runs: {states["finished"]} finished, '
-        f'{states["diverged"]} diverged, {states["failed"]} failed', flush=True)
+  if LAUNCHER.value == 'slurm':
+    submit_to_slurm(share, workdir)
+    return
+  if MULTIPROCESS.value:
+    try:
+      states = slice_sweep.train_in_turn(share, workdir, rerun_diverged=RERUN_DIVERGED.value)
+    except stop_signals.RunStopped as stopped:
+      print(f'sweep {workdir}: {stopped}', file=sys.stderr, flush=True)
+      sys.exit(stopped.exit_code)
+  else:
+    states = train_here(share, workdir)
+  whose = f' (host {HOST_INDEX.value} of {NUM_HOSTS.value})' if NUM_HOSTS.value > 1 else ''
+  if primary or NUM_HOSTS.value > 1:
+    print(f'sweep {workdir}{whose}: {len(share)} runs: {states["finished"]} finished, '
+          f'{states["diverged"]} diverged, {states["failed"]} failed', flush=True)
   if states['failed']:
     sys.exit(1)
 

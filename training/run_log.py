@@ -141,9 +141,7 @@ def route_library_logging(log_file: str | None, *, to_terminal: bool) -> None:
   """Sends library records (absl, orbax, jax; INFO and up) to `log_file` (appended, if given)
   and keeps the terminal to warnings and errors, unless `to_terminal` (an explicit --verbosity)."""
   if log_file is not None:
-    handler = logging.FileHandler(log_file, encoding='utf-8')
-    handler.setFormatter(absl_logging.PythonFormatter())
-    logging.getLogger().addHandler(handler)
+    add_library_log_file(log_file)
   if not to_terminal:
     absl_logging.get_absl_handler().setLevel(logging.WARNING)
     # orbax's reads of a damaged checkpoint (which the caller falls back from) end as asyncio
@@ -158,6 +156,14 @@ def route_library_logging(log_file: str | None, *, to_terminal: bool) -> None:
   sys.unraisablehook = lambda unraisable: logging.info(
       'ignored %s in %r: %s', type(unraisable.exc_value).__name__, unraisable.object,
       unraisable.exc_value)
+
+
+def add_library_log_file(log_file: str) -> logging.Handler:
+  """Appends library records to `log_file` from now on; remove the returned handler to stop."""
+  handler = logging.FileHandler(log_file, encoding='utf-8')
+  handler.setFormatter(absl_logging.PythonFormatter())
+  logging.getLogger().addHandler(handler)
+  return handler
 
 
 class Console:
