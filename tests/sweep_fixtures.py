@@ -1,0 +1,59 @@
+"""Helpers of the sweep tests that train: a smoke-model sweep config, sweep.py commands, and what
+a run folder says."""
+
+import json
+import os
+import sys
+import textwrap
+import time
+
+
+def write_sweep(tmp_path, data_cache, *, norms, num_steps, checkpoint_every):
+  path = tmp_path / 'sweep_config.py'
+  path.write_text(textwrap.dedent(f"""
+      from configs import smoke
+
+      def get_config():
+        config = smoke.get_config()
+        config.data.update(cache_dir={str(data_cache)!r}, eval_examples=8)
+        config.train.update(num_steps={num_steps}, log_every=2, eval_every={num_steps},
+                            checkpoint_every={checkpoint_every})
+        return config
+
+      def sweep():
+        for norm in {tuple(norms)!r}:
+          yield {{'model.norm': norm}}
+      """))
+  return str(path)
+
+
+def sweep_command(spec, workdir, *args):
+  return [sys.executable, '-m', 'scripts.sweep', spec, f'--workdir={workdir}', *args]
+
+
+def env_with_devices(count):
+  return {**os.environ, 'CI': '1', 'XLA_FLAGS': f'--xla_force_host_platform_device_count={count}'}
+
+
+def train_steps(run_dir):
+  return [json.loads(line)['step'] for line in open(run_dir / 'metrics.jsonl') if 'train_loss' in line]
+
+
+def status(run_dir):
+  return json.loads((run_dir / 'status.json').read_text())
+
+
+def wait_for_training(run_dir, process, timeout=240):
+  """Returns once `run_dir` has a logged training step (the run is mid-way)."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if (run_dir / 'metrics.jsonl').exists() and train_steps(run_dir):
+      return
+    assert process.poll() is None, f'{process.args} ended early with {process.returncode}'
+    time.sleep(0.05)
+  raise AssertionError(f'{run_dir} did not start training in {timeout} s')
+
+
+def lock_holder(run_dir):
+  """The pid of the train.py training `run_dir` ('pid N on HOST since ...' in run.lock)."""
+  return int((run_dir / 'run.lock').read_text().split()[1])
