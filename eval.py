@@ -28,6 +28,7 @@ import sys
 import time
 
 from absl import app, flags
+from etils import epath
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
@@ -205,7 +206,7 @@ def main(argv):
     return
   hypotheses, timing = translate_split(run, split, settings, batch_size, mesh)
   report = {
-      'workdir': os.path.abspath(workdir), 'split': split, 'sentences': len(hypotheses),
+      'workdir': workdir if not run_dir.is_local(workdir) else os.path.abspath(workdir), 'split': split, 'sentences': len(hypotheses),
       'checkpoint': checkpoint, 'checkpoint_steps': run.steps,
       'decoding': dict(settings, batch_size=batch_size),
       **translating.score(hypotheses, datasets.load_split_text(run.config.data, split),
@@ -213,12 +214,10 @@ def main(argv):
       **timing, 'devices': f'{jax.device_count()} x {jax.devices()[0].device_kind}',
   }
   report['wall_s'] = time.perf_counter() - start
-  out_dir = args.out_dir or run_dir.path(workdir, run_dir.EVAL_DIR)
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, f'{split}.hyp.txt'), 'w') as f:
-    f.write(''.join(line + '\n' for line in hypotheses))
-  with open(os.path.join(out_dir, f'{split}.json'), 'w') as f:
-    json.dump(report, f, indent=2)
+  out_dir = epath.Path(args.out_dir) if args.out_dir else run_dir.path(workdir, run_dir.EVAL_DIR)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  (out_dir / f'{split}.hyp.txt').write_text(''.join(line + '\n' for line in hypotheses), encoding='utf-8')
+  (out_dir / f'{split}.json').write_text(json.dumps(report, indent=2))
   print_table(report)
 
 

@@ -8,10 +8,10 @@ Re-running the same command on an existing workdir resumes from its latest check
 The loop is training/trainer.py; what the workdir receives, training/run_dir.py.
 """
 
-import os
 import sys
 
 from absl import app, flags
+from etils import epath
 import jax
 
 from data import datasets, sources
@@ -33,7 +33,7 @@ def main(argv):
   if MULTIPROCESS.value:
     partitioning.initialize_distributed(COORDINATOR_ADDRESS.value, NUM_PROCESSES.value, PROCESS_ID.value)
   config = command_line.config_from_flags()
-  os.makedirs(WORKDIR.value, exist_ok=True)
+  epath.Path(WORKDIR.value).mkdir(parents=True, exist_ok=True)
   run_log.route_library_logging(run_dir.path(WORKDIR.value, run_dir.LOG_FILE),
                                 to_terminal=flags.FLAGS['verbosity'].present)
   # Compiled train and eval steps are reused across restarts and sweep runs of the same shapes

@@ -15,6 +15,7 @@ import tempfile
 from typing import Sequence
 
 from absl import logging
+from etils import epath
 import numpy as np
 import sentencepiece as spm
 
@@ -30,8 +31,9 @@ _MAX_TRAINING_SENTENCES = 2_000_000
 class Tokenizer:
   """Text <-> token ids with a sentencepiece model and the fixed special ids."""
 
-  def __init__(self, model_path: str | Path):
-    self.model_path = Path(model_path)
+  def __init__(self, model_path: str | os.PathLike):
+    # A run folder's copy may be on object storage (training/run_dir.py).
+    self.model_path = epath.Path(model_path)
     model = self.model_path.read_bytes()
     self._processor = spm.SentencePieceProcessor(model_proto=model)
     # Identifies the vocabulary in caches of token ids.

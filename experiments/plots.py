@@ -7,9 +7,11 @@ line ends in a cross. Figures use matplotlib's object API (Figure, rendered by A
 global state, so no display is needed.
 """
 
+import io
 import math
 import os
 
+from etils import epath
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
@@ -112,7 +114,9 @@ def plot_curves(runs: list[RunRecords], fields: list[str], out_dir: str, *,
       ax.set_visible(False)
     if top:
       axes[0].set_ylim(top=top)  # shared by every panel
-    path = os.path.join(out_dir, file_name)
-    figure.savefig(path, dpi=100)
-    written.append(path)
+    path = epath.Path(out_dir) / file_name
+    image = io.BytesIO()  # written whole, so that out_dir may be on object storage
+    figure.savefig(image, format='png', dpi=100)
+    path.write_bytes(image.getvalue())
+    written.append(os.fspath(path))
   return written

@@ -7,6 +7,8 @@ experiments/plots.py.
 import collections
 import os
 
+from etils import epath
+
 from experiments import plots, results, sweeps
 
 
@@ -19,7 +21,7 @@ def write_report(sweep_dir: str, out_dir: str, colour_by: str | None = None,
   """
   runs, fields = results.load_runs(sweep_dir)
   header, text_rows, csv_rows = results.table(runs, fields)
-  os.makedirs(out_dir, exist_ok=True)
+  epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
   images = plots.plot_curves(runs, fields, out_dir, colour_by=colour_by, panel_by=panel_by)
   states = collections.Counter(results.state_text(run.status).split('@')[0] for run in runs)
   sweep = sweeps.read_sweep_json(sweep_dir)
@@ -30,9 +32,8 @@ def write_report(sweep_dir: str, out_dir: str, colour_by: str | None = None,
   for path in images:
     file_name = os.path.basename(path)
     lines.append(f'![{os.path.splitext(file_name)[0]}]({file_name})\n')
-  markdown_path = os.path.join(out_dir, 'report.md')
-  with open(markdown_path, 'w') as f:
-    f.write('\n'.join(lines))
-  csv_path = os.path.join(out_dir, 'report.csv')
+  markdown_path = epath.Path(out_dir) / 'report.md'
+  markdown_path.write_text('\n'.join(lines))
+  csv_path = epath.Path(out_dir) / 'report.csv'
   results.write_csv(csv_path, csv_rows)
-  return [markdown_path, csv_path, *images]
+  return [os.fspath(markdown_path), os.fspath(csv_path), *images]

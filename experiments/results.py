@@ -8,11 +8,13 @@ and '–' in the Markdown table.
 
 import csv
 import dataclasses
+import io
 import json
 import math
-import os
 import statistics
 from typing import Any
+
+from etils import epath
 
 from experiments import sweeps
 from training.run_dir import CONFIG_FILE, EVAL_DIR, METRICS_FILE, STATUS_FILE, flatten
@@ -55,39 +57,34 @@ def read_metrics(run_dir: str) -> tuple[list[dict], list[dict]]:
   skipped.
   """
   train, evals = [], []
-  path = os.path.join(run_dir, METRICS_FILE)
-  if not os.path.isfile(path):
+  path = epath.Path(run_dir) / METRICS_FILE
+  if not path.is_file():
     return train, evals
-  with open(path) as f:
-    for line in f:
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError:
-        continue
-      if 'eval_loss' in record:
-        records = evals
-      elif 'train_loss' in record:
-        records = train
-      else:  # epoch timing records
-        continue
-      while records and records[-1]['step'] >= record['step']:
-        records.pop()
-      records.append(record)
+  for line in path.read_text().splitlines():
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:
+      continue
+    if 'eval_loss' in record:
+      records = evals
+    elif 'train_loss' in record:
+      records = train
+    else:  # epoch timing records
+      continue
+    while records and records[-1]['step'] >= record['step']:
+      records.pop()
+    records.append(record)
   return train, evals
 
 
-def _read_json(path: str) -> dict:
-  if not os.path.isfile(path):
-    return {}
-  with open(path) as f:
-    return json.load(f)
+def _read_json(path: epath.Path) -> dict:
+  return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _run_folders(sweep_dir: str) -> list[str]:
-  names = sorted(entry.name for entry in os.scandir(sweep_dir) if entry.is_dir())
+def _run_folders(sweep_dir: epath.Path) -> list[str]:
+  names = sorted(entry.name for entry in sweep_dir.iterdir() if entry.is_dir())
   return [name for name in names if any(
-      os.path.isfile(os.path.join(sweep_dir, name, file))
-      for file in (CONFIG_FILE, STATUS_FILE, METRICS_FILE))]
+      (sweep_dir / name / file).is_file() for file in (CONFIG_FILE, STATUS_FILE, METRICS_FILE))]
 
 
 def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
@@ -100,18 +97,19 @@ def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
   Raises:
     ValueError: if `sweep_dir` is not a folder or holds no run.
   """
-  if not os.path.isdir(sweep_dir):
+  folder = epath.Path(sweep_dir)
+  if not folder.is_dir():
     raise ValueError(f'{sweep_dir}: no such folder')
   sweep = sweeps.read_sweep_json(sweep_dir)
   if sweep:
     names = [run['name'] for run in sweep['runs']]
     overrides = {run['name']: run['overrides'] for run in sweep['runs']}
   else:
-    names, overrides = _run_folders(sweep_dir), {}
+    names, overrides = _run_folders(folder), {}
   if not names:
     raise ValueError(f'{sweep_dir} holds no sweep.json and no run folder (config.json, status.json '
                      'or metrics.jsonl)')
-  configs = {name: flatten(_read_json(os.path.join(sweep_dir, name, CONFIG_FILE))) for name in names}
+  configs = {name: flatten(_read_json(folder / name / CONFIG_FILE)) for name in names}
   if sweep:
     fields = sweep['fields']
   else:
@@ -119,16 +117,16 @@ def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
     fields = [key for key in keys if len({json.dumps(config.get(key)) for config in configs.values()}) > 1]
   runs = []
   for name in names:
-    run_dir = os.path.join(sweep_dir, name)
-    eval_dir = os.path.join(run_dir, EVAL_DIR)
-    splits = sorted(file[:-len('.json')] for file in os.listdir(eval_dir)
-                    if file.endswith('.json')) if os.path.isdir(eval_dir) else []
+    run_dir = folder / name
+    eval_dir = run_dir / EVAL_DIR
+    splits = sorted(file.name[:-len('.json')] for file in eval_dir.iterdir()
+                    if file.name.endswith('.json')) if eval_dir.is_dir() else []
     values = {field: configs[name].get(field, overrides.get(name, {}).get(field)) for field in fields}
     train, evals = read_metrics(run_dir)
     runs.append(RunRecords(
         name=name, values=values, status=sweeps.read_status(run_dir), train=train, evals=evals,
-        eval_files={split: _read_json(os.path.join(eval_dir, f'{split}.json')) for split in splits},
-        config=_read_json(os.path.join(run_dir, CONFIG_FILE))))
+        eval_files={split: _read_json(eval_dir / f'{split}.json') for split in splits},
+        config=_read_json(run_dir / CONFIG_FILE)))
   return runs, fields
 
 
@@ -195,9 +193,10 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
   return '\n'.join('| ' + ' | '.join(cells) + ' |' for cells in lines) + '\n'
 
 
-def write_csv(path: str, rows: list[dict]) -> None:
+def write_csv(path: epath.Path, rows: list[dict]) -> None:
   """One row per run; missing values are empty cells."""
-  with open(path, 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows({key: '' if value is None else value for key, value in row.items()} for row in rows)
+  text = io.StringIO(newline='')
+  writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+  writer.writeheader()
+  writer.writerows({key: '' if value is None else value for key, value in row.items()} for row in rows)
+  path.write_text(text.getvalue())

@@ -17,6 +17,7 @@ import logging
 import os
 import time
 
+from etils import epath
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
@@ -54,7 +55,7 @@ def train_in_turn(runs: list[sweeps.Run], workdir: str, *, rerun_diverged: bool)
       say(f'{label}: {status.get("state")} at step {status.get("step")}, skipped')
       states[status.get('state')] += 1
       continue
-    os.makedirs(folder, exist_ok=True)
+    epath.Path(folder).mkdir(parents=True, exist_ok=True)
     log_path = run_dir.path(folder, run_dir.LOG_FILE)
     say(f'{label}: {action} on {jax.process_count()} processes, {jax.device_count()} devices, '
         f'log in {log_path}')

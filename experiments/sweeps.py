@@ -27,10 +27,11 @@ import re
 import signal
 from typing import Any
 
+from etils import epath
 import ml_collections
 
 from training import command_line
-from training.run_dir import CHECKPOINT_DIR, STATUS_FILE
+from training.run_dir import CHECKPOINT_DIR, STATUS_FILE, replace_text
 
 SWEEP_FILE = 'sweep.json'
 # The program every run trains in (locally, per host, or in a SLURM job).
@@ -207,11 +208,8 @@ def die_with_parent() -> None:
 
 def read_status(run_dir: str) -> dict | None:
   """RUN_DIR/status.json as train.py wrote it, or None before the run started."""
-  path = os.path.join(run_dir, STATUS_FILE)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  path = epath.Path(run_dir) / STATUS_FILE
+  return json.loads(path.read_text()) if path.is_file() else None
 
 
 def plan(run_dir: str, config: ml_collections.ConfigDict, *, rerun_diverged: bool) -> str:
@@ -223,7 +221,7 @@ def plan(run_dir: str, config: ml_collections.ConfigDict, *, rerun_diverged: boo
   """
   status = read_status(run_dir)
   if status is None:
-    return 'resume' if os.path.isdir(os.path.join(run_dir, CHECKPOINT_DIR)) else 'start'
+    return 'resume' if (epath.Path(run_dir) / CHECKPOINT_DIR).is_dir() else 'start'
   if status['state'] == 'finished':
     # With num_epochs set the step count depends on the data: trust 'finished'.
     longer = not config.train.num_epochs and status.get('step', 0) < config.train.num_steps
@@ -247,16 +245,10 @@ def write_sweep_json(workdir: str, spec: str, extra_args: list[str], runs: list[
   record = {'config': spec, 'extra_args': list(extra_args),
             'fields': swept_fields([run.overrides for run in runs]),
             'runs': [{'name': run.name, 'overrides': run.overrides} for run in runs]}
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, SWEEP_FILE)
-  with open(path + '.tmp', 'w') as f:
-    json.dump(record, f, indent=2)
-  os.replace(path + '.tmp', path)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  replace_text(epath.Path(workdir) / SWEEP_FILE, json.dumps(record, indent=2))
 
 
 def read_sweep_json(workdir: str) -> dict | None:
-  path = os.path.join(workdir, SWEEP_FILE)
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  path = epath.Path(workdir) / SWEEP_FILE
+  return json.loads(path.read_text()) if path.is_file() else None

@@ -11,9 +11,10 @@ head instead.
 OUT_DIR (--out_dir) defaults to WORKDIR/attention.
 """
 
-from pathlib import Path
+import io
 
 from absl import app, flags
+from etils import epath
 import jax.numpy as jnp
 from matplotlib.figure import Figure
 import numpy as np
@@ -86,11 +87,13 @@ def main(argv):
   target_ids, weights = cross_attention(run, source_ids, BEAM_SIZE.value or run.config.eval.beam_size)
   source = run.tokenizer.pieces(source_ids + [tokenizer_lib.EOS_ID])
   target = run.tokenizer.pieces(target_ids)
-  out_dir = Path(OUT_DIR.value or Path(WORKDIR.value) / 'attention')
+  out_dir = epath.Path(OUT_DIR.value or epath.Path(WORKDIR.value) / 'attention')
   out_dir.mkdir(parents=True, exist_ok=True)
   for layer, layer_weights in enumerate(weights):
-    path = out_dir / f'layer_{layer}.png'
-    draw(layer_weights, source, target, f'decoder layer {layer}', HEADS.value).savefig(path, dpi=120)
+    image = io.BytesIO()  # written whole, so that the run folder may be on object storage
+    draw(layer_weights, source, target, f'decoder layer {layer}', HEADS.value).savefig(
+        image, format='png', dpi=120)
+    (out_dir / f'layer_{layer}.png').write_bytes(image.getvalue())
   print(f'{sentence}\n-> {run.tokenizer.decode(target_ids)}\n{len(weights)} maps in {out_dir}')
 
 

@@ -14,6 +14,7 @@ config.json fields that differ between the subfolders. Works on a sweep still ru
 
 
 from absl import app, flags
+from etils import epath
 
 
 from experiments import report
@@ -31,8 +32,7 @@ def main(argv: list[str]) -> None:
     paths = report.write_report(sweep_dir, OUT_DIR.value or sweep_dir, COLOUR_BY.value, PANEL_BY.value)
   except ValueError as error:
     raise SystemExit(f'report.py: {error}') from None
-  with open(paths[0]) as f:
-    print(f.read())
+  print(epath.Path(paths[0]).read_text())
   print('wrote ' + ', '.join(paths))
 
 

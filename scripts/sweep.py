@@ -32,16 +32,18 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from absl import app, flags
+from etils import epath
 
 import jax
 import submitit
 
 from experiments import slice_sweep, slurm, sweeps
 from training import command_line, partitioning, run_log, stop_signals
-from training.run_dir import LOG_FILE
+from training import run_dir as run_dir_lib
 
 WORKDIR = flags.DEFINE_string('workdir', None, 'Folder of the sweep: one subfolder per run.',
                               required=True)
@@ -113,12 +115,15 @@ def execute(run: sweeps.Run, run_dir: str, label: str, forwarder: Forwarder) -> 
     status = sweeps.read_status(run_dir)
     print(f'{label}: {status["state"]} at step {status.get("step")}, skipped', flush=True)
     return status['state']
-  os.makedirs(run_dir, exist_ok=True)
-  log_path = os.path.join(run_dir, LOG_FILE)
+  epath.Path(run_dir).mkdir(parents=True, exist_ok=True)
+  log_path = run_dir_lib.path(run_dir, run_dir_lib.LOG_FILE)
   print(f'{label}: {action}, log in {log_path}', flush=True)
   command = [sys.executable, sweeps.TRAIN_SCRIPT, *run.args]
   start = time.perf_counter()
-  with open(log_path, 'a') as log:
+  # train.py's output goes to the run's train.log; on object storage, which a child process cannot
+  # append to, through a local file copied there when the run ends.
+  local = run_dir_lib.is_local(run_dir)
+  with (open(log_path, 'a') if local else tempfile.TemporaryFile('w+')) as log:
     log.write(f'# scripts/sweep.py ({action}): {shlex.join(command)}\n')
     log.flush()
     forwarder.child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -127,6 +132,9 @@ def execute(run: sweeps.Run, run_dir: str, label: str, forwarder: Forwarder) -> 
       forwarder.child.send_signal(forwarder.received)
     code = forwarder.child.wait()
     forwarder.child = None
+    if not local:
+      log.seek(0)
+      run_dir_lib.append_text(log_path, log.read())
   status = sweeps.read_status(run_dir) or {}
   state = status.get('state', 'failed')
   # Killed, or stopped before train.py wrote a status: the run failed whatever the file says.

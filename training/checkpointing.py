@@ -19,7 +19,6 @@ primary process for directory and metadata writes and synchronises the rest.
 
 from collections.abc import Mapping
 from typing import Any
-import shutil
 
 import jax
 
@@ -257,7 +256,7 @@ class Checkpointer:
     if aside.exists():
       aside = aside.parent / f'{step}-{len(list(aside.parent.iterdir()))}'
     aside.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(self.directory / str(step)), str(aside))
+    (self.directory / str(step)).rename(aside)
     self._manager.reload()
     return aside
 

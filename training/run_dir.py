@@ -10,6 +10,11 @@ WORKDIR/damaged_checkpoints/  checkpoints that failed to restore, moved aside by
 WORKDIR/train.log          library logging
 WORKDIR/eval/              eval.py's hypotheses and scores, <split>.hyp.txt and <split>.json
 WORKDIR/run.lock           who is training the run now (`RunLock`)
+
+A workdir may be a local path or a bucket (`gs://...`, through etils.epath, which orbax uses too):
+every read and write of a run folder goes through `path` and the helpers below. Object storage
+has no append and no lock: appends rewrite the file, and `RunLock` holds nothing there, so one
+writer per run is the launcher's to ensure (scripts/sweep.py's modes give each run one trainer).
 """
 
 import datetime
@@ -19,6 +24,7 @@ import os
 import socket
 from typing import Any
 
+from etils import epath
 import ml_collections
 
 CONFIG_FILE = 'config.json'
@@ -52,9 +58,32 @@ class RunFolderError(ValueError):
   """The run directory cannot be used by this invocation; the message is one line."""
 
 
-def path(workdir: str, name: str) -> str:
+def path(workdir: str | os.PathLike, name: str) -> epath.Path:
   """WORKDIR/name, for the names above."""
-  return os.path.join(workdir, name)
+  return epath.Path(workdir) / name
+
+
+def is_local(folder: str | os.PathLike) -> bool:
+  """Whether `folder` is on a local (or mounted) file system rather than object storage."""
+  return '://' not in os.fspath(folder)
+
+
+def replace_text(target: epath.Path, text: str) -> None:
+  """Replaces `target` with `text` through a temporary file beside it, so that readers never see
+  a half-written file (atomic locally; a copy on object storage, where objects appear whole)."""
+  temporary = target.with_name(f'.{target.name}.{os.getpid()}.tmp')
+  temporary.write_text(text, encoding='utf-8')
+  temporary.replace(target)
+
+
+def append_text(target: epath.Path, text: str) -> None:
+  """Appends `text` to `target`; on object storage, which cannot append, rewrites it."""
+  if is_local(target):
+    with target.open('a', encoding='utf-8') as f:
+      f.write(text)
+  else:
+    target.write_text((target.read_text(encoding='utf-8') if target.exists() else '') + text,
+                      encoding='utf-8')
 
 
 def resolved_config(config: ml_collections.ConfigDict) -> dict:
@@ -65,8 +94,7 @@ def resolved_config(config: ml_collections.ConfigDict) -> dict:
 def read_config(workdir: str) -> dict | None:
   """WORKDIR/config.json, or None before the run's first start."""
   try:
-    with open(path(workdir, CONFIG_FILE), encoding='utf-8') as f:
-      return json.load(f)
+    return json.loads(path(workdir, CONFIG_FILE).read_text(encoding='utf-8'))
   except FileNotFoundError:
     return None
 
@@ -114,10 +142,7 @@ def check_resume(workdir: str, config: ml_collections.ConfigDict) -> dict[str, t
 
 def _write_json(workdir: str, name: str, data: dict) -> None:
   """Replaces WORKDIR/name with `data` atomically: readers never see a half-written file."""
-  target = path(workdir, name)
-  with open(target + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump(data, f, indent=2, sort_keys=True)
-  os.replace(target + '.tmp', target)
+  replace_text(path(workdir, name), json.dumps(data, indent=2, sort_keys=True))
 
 
 def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -132,8 +157,7 @@ def check_source(workdir: str, fingerprint: str) -> None:
   A run started before source.json existed is accepted.
   """
   try:
-    with open(path(workdir, SOURCE_FILE), encoding='utf-8') as f:
-      started_with = json.load(f)['fingerprint']
+    started_with = json.loads(path(workdir, SOURCE_FILE).read_text(encoding='utf-8'))['fingerprint']
   except FileNotFoundError:
     return
   if started_with != fingerprint:
@@ -153,14 +177,18 @@ class RunLock:
   exits (kill -9 included), so a lock file left by a dead process is stale by construction and
   the next run simply takes it over. The file records the holder (host, pid, start time) for the
   refusal message. flock works across the processes of one host and, on Linux NFS, across hosts.
+  Object storage has no such lock: there the claim is not taken (see the module's docstring).
   """
 
   def __init__(self, workdir: str):
-    self._path = path(workdir, LOCK_FILE)
+    self._path = os.fspath(path(workdir, LOCK_FILE))
+    self._local = is_local(workdir)
     self._file = None
 
   def acquire(self) -> None:
     """Takes the lock or raises RunFolderError naming its holder."""
+    if not self._local:
+      return
     # 'a+' neither truncates the holder's record nor fails when the file exists.
     lock_file = open(self._path, 'a+', encoding='utf-8')
     try:

@@ -16,12 +16,12 @@ import logging
 import math
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
 from absl import logging as absl_logging
+from etils import epath
 import numpy as np
 from tensorboardX import SummaryWriter
 import tqdm
@@ -37,23 +37,20 @@ def _to_python(value: Any) -> int | float | bool:
   return np.asarray(value).item()
 
 
-def _truncate_after(path: str, step: int) -> list[dict]:
+def _truncate_after(path: epath.Path, step: int) -> list[dict]:
   """Rewrites metrics.jsonl with only its whole records up to `step`, atomically; returns them."""
-  if not os.path.exists(path):
+  if not path.exists():
     return []
   kept, records = [], []
-  with open(path, encoding='utf-8') as f:
-    for line in f:
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError:  # the last line of a killed write
-        continue
-      if record['step'] <= step:
-        kept.append(line if line.endswith('\n') else line + '\n')
-        records.append(record)
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    f.writelines(kept)
-  os.replace(path + '.tmp', path)
+  for line in path.read_text(encoding='utf-8').splitlines():
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:  # the last line of a killed write
+      continue
+    if record['step'] <= step:
+      kept.append(line + '\n')
+      records.append(record)
+  run_dir.replace_text(path, ''.join(kept))
   return records
 
 
@@ -79,12 +76,11 @@ class MetricsWriter:
     # The records kept from earlier invocations of the run.
     self.previous_records: list[dict] = []
     if is_primary:
-      os.makedirs(workdir, exist_ok=True)
-      path = run_dir.path(workdir, run_dir.METRICS_FILE)
-      self.previous_records = _truncate_after(path, start_step)
-      self._jsonl = open(path, 'a', encoding='utf-8')
+      epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+      self._jsonl = run_dir.path(workdir, run_dir.METRICS_FILE)
+      self.previous_records = _truncate_after(self._jsonl, start_step)
       # TensorBoard hides this file's and earlier files' events from purge_step on.
-      self._tensorboard = SummaryWriter(logdir=workdir, purge_step=start_step + 1)
+      self._tensorboard = SummaryWriter(logdir=os.fspath(workdir), purge_step=start_step + 1)
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
     """Records scalar `metrics` at `step`, flushed so a crash loses nothing.
@@ -97,15 +93,13 @@ class MetricsWriter:
     if self._jsonl is None:
       return
     values = {name: _to_python(value) for name, value in metrics.items()}
-    self._jsonl.write(json.dumps({'step': int(step), **values}) + '\n')
-    self._jsonl.flush()
+    run_dir.append_text(self._jsonl, json.dumps({'step': int(step), **values}) + '\n')
     for name, value in values.items():
       self._tensorboard.add_scalar(name, value, global_step=int(step))
     self._tensorboard.flush()
 
   def close(self) -> None:
-    if self._jsonl is not None:
-      self._jsonl.close()
+    if self._tensorboard is not None:
       self._tensorboard.close()
 
 
@@ -124,17 +118,8 @@ def write_status(workdir: str, state: str, **fields: Any) -> None:
       **fields,
       'updated': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
   }
-  os.makedirs(workdir, exist_ok=True)
-  # The temporary file sits beside the target because os.replace is atomic only
-  # within one filesystem.
-  fd, tmp_path = tempfile.mkstemp(prefix='.status.', suffix='.tmp', dir=workdir)
-  try:
-    with os.fdopen(fd, 'w', encoding='utf-8') as f:
-      json.dump(status, f, indent=2)
-    os.replace(tmp_path, run_dir.path(workdir, run_dir.STATUS_FILE))
-  except BaseException:
-    os.unlink(tmp_path)
-    raise
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  run_dir.replace_text(run_dir.path(workdir, run_dir.STATUS_FILE), json.dumps(status, indent=2))
 
 
 def route_library_logging(log_file: str | None, *, to_terminal: bool) -> None:
@@ -158,9 +143,39 @@ def route_library_logging(log_file: str | None, *, to_terminal: bool) -> None:
       unraisable.exc_value)
 
 
-def add_library_log_file(log_file: str) -> logging.Handler:
+class _BufferedAppendHandler(logging.Handler):
+  """Log records appended to a file on object storage, which has no append: written out every
+  _LOG_BUFFER_RECORDS records and at flush and close (each write rewrites the object)."""
+
+  def __init__(self, log_file: epath.Path):
+    super().__init__()
+    self._log_file = log_file
+    self._lines: list[str] = []
+
+  def emit(self, record: logging.LogRecord) -> None:
+    self._lines.append(self.format(record) + '\n')
+    if len(self._lines) >= _LOG_BUFFER_RECORDS:
+      self.flush()
+
+  def flush(self) -> None:
+    if self._lines:
+      run_dir.append_text(self._log_file, ''.join(self._lines))
+      self._lines = []
+
+  def close(self) -> None:
+    self.flush()
+    super().close()
+
+
+_LOG_BUFFER_RECORDS = 200
+
+
+def add_library_log_file(log_file: str | os.PathLike) -> logging.Handler:
   """Appends library records to `log_file` from now on; remove the returned handler to stop."""
-  handler = logging.FileHandler(log_file, encoding='utf-8')
+  if run_dir.is_local(log_file):
+    handler = logging.FileHandler(log_file, encoding='utf-8')
+  else:
+    handler = _BufferedAppendHandler(epath.Path(log_file))
   handler.setFormatter(absl_logging.PythonFormatter())
   logging.getLogger().addHandler(handler)
   return handler

@@ -3,7 +3,6 @@
 What eval.py and the scripts that look inside a trained model (attention maps) start from.
 """
 
-import os
 import sys
 from typing import NamedTuple
 
@@ -96,7 +95,7 @@ def restore_target(checkpointer: Checkpointer, step: int, model: Transformer, me
   mismatch = first_mismatch(expected, train_state.model_variables(target['params'], target['batch_stats']))
   if mismatch:
     raise ValueError(f'checkpoint at {checkpointer.directory / str(step)} does not match the model of '
-                     f'{run_dir.path(os.path.dirname(checkpointer.directory), run_dir.CONFIG_FILE)}: '
+                     f'{run_dir.path(checkpointer.directory.parent, run_dir.CONFIG_FILE)}: '
                      f'{mismatch}')
   return target
 
@@ -124,7 +123,7 @@ def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
       raise ValueError(f'no checkpoint in {checkpointer.directory}: train.py has not saved one yet')
     steps = checkpoint_steps(checkpointer, kind, number)
     tokenizer_path = run_dir.path(workdir, run_dir.TOKENIZER_FILE)
-    if not os.path.exists(tokenizer_path):
+    if not tokenizer_path.exists():
       raise ValueError(f'no {run_dir.TOKENIZER_FILE} in {workdir}: not a workdir written by train.py')
     tokenizer = tokenizer_lib.Tokenizer(tokenizer_path)
     model = train_state.build_model(config, tokenizer.vocab_size)

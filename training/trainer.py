@@ -8,11 +8,10 @@ holds is training/run_dir.py's to say.
 import contextlib
 import functools
 import math
-import os
-import shutil
 import time
 
 from absl import logging
+from etils import epath
 import jax
 import ml_collections
 import numpy as np
@@ -51,7 +50,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     stop_signals.RunStopped: SIGTERM or SIGINT stopped the run after saving (status `stopped`).
   """
   validation.check_config(config)
-  os.makedirs(workdir, exist_ok=True)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   with claim_run_folder(workdir):
     changes = run_dir.check_resume(workdir, config)
     fingerprint = datasets.source_fingerprint(config.data)
@@ -67,10 +66,11 @@ def load_run_tokenizer(workdir: str, data_config) -> tokenizer_lib.Tokenizer:
   cache never race.
   """
   target = run_dir.path(workdir, run_dir.TOKENIZER_FILE)
-  if jax.process_index() == 0 and not os.path.exists(target):
+  if jax.process_index() == 0 and not target.exists():
     cached = tokenizer_lib.get_tokenizer(data_config)
-    shutil.copyfile(cached.model_path, target + '.tmp')
-    os.replace(target + '.tmp', target)
+    temporary = target.with_name(target.name + '.tmp')
+    cached.model_path.copy(temporary, overwrite=True)
+    temporary.replace(target)
   multihost_utils.sync_global_devices('data and tokenizer prepared')
   return tokenizer_lib.Tokenizer(target)
 
