@@ -87,16 +87,16 @@ def test_whole_slice_sweep_on_two_processes_equals_one_process_with_the_same_dev
   assert all(process.returncode == 0 for process in processes), outputs[0][-3000:] + outputs[1][-3000:]
   assert '[1/2] norm=layer: start on 2 processes, 2 devices' in outputs[0]
   assert '[1/2]' not in outputs[1]  # only process 0 speaks
-  # The same sweep's first run on one process holding both devices (a train.py of its own).
-  single = subprocess.run(sweep_command(spec, tmp_path / 'one', '--only=layer'), cwd=REPO,
-                          env=env_with_devices(2), capture_output=True, text=True, timeout=400)
+  # The same sweep on one process holding both devices, one train.py per run.
+  single = subprocess.run(sweep_command(spec, tmp_path / 'one'), cwd=REPO, env=env_with_devices(2),
+                          capture_output=True, text=True, timeout=400)
   assert single.returncode == 0, single.stdout + single.stderr
-  step_slice, params_slice = final_params(tmp_path / 'slice' / 'norm=layer', spec, 'layer')
-  step_one, params_one = final_params(tmp_path / 'one' / 'norm=layer', spec, 'layer')
-  assert step_slice == step_one == 4
-  for a, b in zip(jax.tree.leaves(params_slice), jax.tree.leaves(params_one)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   for name in ('layer', 'rms'):
+    step_slice, params_slice = final_params(tmp_path / 'slice' / f'norm={name}', spec, name)
+    step_one, params_one = final_params(tmp_path / 'one' / f'norm={name}', spec, name)
+    assert step_slice == step_one == 4
+    for a, b in zip(jax.tree.leaves(params_slice), jax.tree.leaves(params_one)):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert status(tmp_path / 'slice' / f'norm={name}')['state'] == 'finished'
     assert train_steps(tmp_path / 'slice' / f'norm={name}') == [2, 4]  # written once, by process 0
   # Run again: both processes take process 0's decision and skip both runs.

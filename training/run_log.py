@@ -143,6 +143,10 @@ def route_library_logging(log_file: str | None, *, to_terminal: bool) -> None:
       unraisable.exc_value)
 
 
+# Library log records held before each rewrite of a log file on object storage.
+_LOG_BUFFER_RECORDS = 200
+
+
 class _BufferedAppendHandler(logging.Handler):
   """Log records appended to a file on object storage, which has no append: written out every
   _LOG_BUFFER_RECORDS records and at flush and close (each write rewrites the object)."""
@@ -166,8 +170,6 @@ class _BufferedAppendHandler(logging.Handler):
     self.flush()
     super().close()
 
-
-_LOG_BUFFER_RECORDS = 200
 
 
 def add_library_log_file(log_file: str | os.PathLike) -> logging.Handler:
