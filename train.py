@@ -33,6 +33,10 @@ def main(argv):
   if MULTIPROCESS.value:
     partitioning.initialize_distributed(COORDINATOR_ADDRESS.value, NUM_PROCESSES.value, PROCESS_ID.value)
   config = command_line.config_from_flags()
+  try:
+    run_dir.check_reachable(WORKDIR.value)
+  except run_dir.RunFolderError as error:
+    raise SystemExit(str(error)) from None
   epath.Path(WORKDIR.value).mkdir(parents=True, exist_ok=True)
   run_log.route_library_logging(run_dir.path(WORKDIR.value, run_dir.LOG_FILE),
                                 to_terminal=flags.FLAGS['verbosity'].present)

@@ -17,7 +17,8 @@ from typing import Any
 from etils import epath
 
 from experiments import sweeps
-from training.run_dir import CONFIG_FILE, EVAL_DIR, METRICS_FILE, STATUS_FILE, flatten
+from training.run_dir import (CONFIG_FILE, EVAL_DIR, METRICS_FILE, STATUS_FILE, check_reachable,
+                              flatten)
 
 MISSING = '–'
 # Numeric summary columns: CSV name, Markdown header, format.
@@ -97,6 +98,7 @@ def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
   Raises:
     ValueError: if `sweep_dir` is not a folder or holds no run.
   """
+  check_reachable(sweep_dir)
   folder = epath.Path(sweep_dir)
   if not folder.is_dir():
     raise ValueError(f'{sweep_dir}: no such folder')

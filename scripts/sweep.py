@@ -202,6 +202,10 @@ def main(argv: list[str]) -> None:
   workdir = WORKDIR.value
   try:
     check_modes()
+    run_dir_lib.check_reachable(workdir)
+    if LAUNCHER.value == 'slurm' and not run_dir_lib.is_local(workdir):
+      raise ValueError(f"--launcher=slurm keeps submitit's job files in WORKDIR/slurm, on the "
+                       f"cluster's shared file system; --workdir={workdir} is not one")
     if MULTIPROCESS.value:
       # Library records (jax.distributed's, orbax's) go to each run's train.log, not the terminal.
       run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)

@@ -5,10 +5,13 @@ backend, which refuses appends as object storage does. Code that bypassed epath 
 would look for a local folder literally named 'gs:' and fail or leave one behind.
 """
 
+import importlib.util
 import json
 import logging
 import os
 from pathlib import Path
+import subprocess
+import sys
 
 from etils import epath
 from etils.epath import testing as epath_testing
@@ -143,3 +146,17 @@ def test_sweep_record_plan_and_report_on_a_bucket(bucket):
   assert [os.path.basename(path) for path in written[:2]] == ['report.md', 'report.csv']
   assert '| norm=layer |' in (bucket / 'report/report.md').read_text().replace('`', '')
   assert all((bucket / 'report' / os.path.basename(path)).stat().st_size > 0 for path in written)
+
+
+@pytest.mark.parametrize('program', ['scripts.report', 'scripts.sweep'])
+def test_a_bucket_this_python_cannot_reach_is_refused_in_one_line(program):
+  if importlib.util.find_spec('gcsfs'):
+    pytest.skip('gcsfs is installed: gs:// would go to the network')
+  args = ['gs://bucket/sweep'] if program == 'scripts.report' else [
+      'configs/sweeps/xiong2020.py:norm', '--workdir=gs://bucket/sweep']
+  result = subprocess.run([sys.executable, '-m', program, *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 1
+  [line] = result.stderr.strip().splitlines()
+  assert line.startswith(f'{program.split(".")[1]}.py: gs://bucket/sweep: ')
+  assert line.endswith('(pip install gcsfs google-cloud-storage; see docs/scaling.md)')

@@ -68,6 +68,18 @@ def is_local(folder: str | os.PathLike) -> bool:
   return '://' not in os.fspath(folder)
 
 
+def check_reachable(folder: str | os.PathLike) -> None:
+  """Raises RunFolderError (one line) when `folder` is on object storage this Python cannot reach
+  for want of its file-system package (gs:// needs gcsfs without TensorFlow)."""
+  if is_local(folder):
+    return
+  try:
+    epath.Path(folder).exists()
+  except ImportError as error:
+    raise RunFolderError(f'{os.fspath(folder)}: {error} (pip install gcsfs google-cloud-storage; '
+                         'see docs/scaling.md)') from None
+
+
 def replace_text(target: epath.Path, text: str) -> None:
   """Replaces `target` with `text` through a temporary file beside it, so that readers never see
   a half-written file (atomic locally; a copy on object storage, where objects appear whole)."""

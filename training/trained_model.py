@@ -41,6 +41,7 @@ def parse_checkpoint(spec: str) -> tuple[str, int | None]:
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The resolved config train.py saved as WORKDIR/config.json, checked."""
+  run_dir.check_reachable(workdir)
   path = run_dir.path(workdir, run_dir.CONFIG_FILE)
   try:
     resolved = run_dir.read_config(workdir)
