@@ -6,6 +6,7 @@ one still running, one that diverged at step 40): a missing value is None here, 
 and '–' in the Markdown table.
 """
 
+import collections
 import csv
 import dataclasses
 import io
@@ -187,6 +188,65 @@ def table(runs: list[RunRecords], fields: list[str]) -> tuple[list[str], list[li
                      'state': run.status['state'] if run.status else 'not started',
                      'state_step': run.status.get('step') if run.status else None,
                      **{key: value for value, (key, _, _) in zip(numbers, columns)}})
+  return header, text_rows, csv_rows
+
+
+def seed_groups(runs: list[RunRecords], fields: list[str]) -> list[list[RunRecords]]:
+  """Runs that differ only in their seed (sweeps.SEED_FIELD), grouped in order of first appearance;
+  one run per group when the seed is not swept."""
+  others = [field for field in fields if field != sweeps.SEED_FIELD]
+  groups: dict[str, list[RunRecords]] = {}
+  for run in runs:
+    key = json.dumps([run.values[field] for field in others]) if sweeps.SEED_FIELD in fields else run.name
+    groups.setdefault(key, []).append(run)
+  return list(groups.values())
+
+
+def mean_and_std(values: list[float]) -> tuple[float, float | None]:
+  """Mean and sample standard deviation (n - 1); no spread from a single value."""
+  return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def _spread_text(values: list[float], spec: str, size: int) -> str:
+  if not values:
+    return MISSING
+  mean, std = mean_and_std(values)
+  spec = '.0f' if spec == 'd' else spec  # the mean of steps is no integer
+  text = format(mean, spec) if std is None else f'{mean:{spec}} ± {std:{spec}}'
+  # Fewer values than seeds (a diverged or unfinished seed has none): say over how many.
+  return text if len(values) == size else f'{text} (n={len(values)})'
+
+
+def seed_table(runs: list[RunRecords], fields: list[str]) -> tuple[list[str], list[list[str]], list[dict]]:
+  """One row per group of runs that differ only in seed: every numeric column as mean ± sample
+  standard deviation over the seeds that have it, and how many seeds ended in each state.
+
+  Returns the Markdown header, Markdown rows and CSV rows (`<column>_mean`, `_std`, `_n`).
+  """
+  others = [field for field in fields if field != sweeps.SEED_FIELD]
+  labels = sweeps.field_labels(fields)
+  columns = [*_COLUMNS[:-1]]  # speed is a property of the machine, not of the seed
+  for split in _splits(runs):
+    columns += [(f'{split}_bleu', f'{split} BLEU', '.2f'),
+                (f'{split}_tokenized_bleu', f'{split} tok. BLEU', '.2f')]
+  header = [*(labels[field] for field in others), 'seeds', 'states',
+            *(title for _, title, _ in columns)]
+  text_rows, csv_rows = [], []
+  for group in seed_groups(runs, fields):
+    summaries = [summarise(run) for run in group]
+    states = collections.Counter(state_text(run.status).split('@')[0] for run in group)
+    states_text = ', '.join(f'{count} {state}' for state, count in states.items())
+    row = [*(MISSING if group[0].values[field] is None else str(group[0].values[field])
+             for field in others), str(len(group)), states_text]
+    csv_row = {**{labels[field]: group[0].values[field] for field in others},
+               'seeds': len(group), 'states': states_text}
+    for key, _, spec in columns:
+      values = [summary[key] for summary in summaries if summary.get(key) is not None]
+      row.append(_spread_text(values, spec, len(group)))
+      mean, std = mean_and_std(values) if values else (None, None)
+      csv_row.update({f'{key}_mean': mean, f'{key}_std': std, f'{key}_n': len(values)})
+    text_rows.append(row)
+    csv_rows.append(csv_row)
   return header, text_rows, csv_rows
 
 

@@ -13,6 +13,10 @@ Each dict becomes one run: its train.py arguments are the config file with its p
 is parsed here by the same ml_collections flag machinery train.py uses, and validated, so a
 misspelled key or a value of the wrong type fails before anything trains.
 
+Seeds are an axis of their own: `--seeds=N` (scripts/sweep.py), or `seeds(preset)` returning N in
+the sweep config, repeats every point with train.seed = 0 .. N-1 (the run name ends in ',seed=S'),
+and the report groups the runs that differ only in seed into mean and standard deviation.
+
 WORKDIR/sweep.json records the config, the extra arguments and every run's overrides; the report
 reads the swept fields from it.
 """
@@ -34,6 +38,8 @@ from training import command_line
 from training.run_dir import CHECKPOINT_DIR, STATUS_FILE, replace_text
 
 SWEEP_FILE = 'sweep.json'
+# The config field the seeds axis sets; the report groups runs that differ only in it.
+SEED_FIELD = 'train.seed'
 # The program every run trains in (locally, per host, or in a SLURM job).
 TRAIN_SCRIPT = str(Path(__file__).resolve().parents[1] / 'train.py')
 # An argument applied to every run: --config.KEY=VALUE.
@@ -62,14 +68,21 @@ def split_spec(spec: str) -> tuple[str, str | None]:
   return path, preset or None
 
 
-def load_overrides(spec: str) -> list[dict[str, Any]]:
-  """The override dicts of the sweep() of config file[:preset] `spec`, in its order."""
-  path, preset = split_spec(spec)
+def _load_module(spec: str):
+  """The module of config file[:preset] `spec`."""
+  path, _ = split_spec(spec)
   if not os.path.isfile(path):
     raise ValueError(f'{path}: no such config file')
   module_spec = importlib.util.spec_from_file_location('sweep_config', path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
+  return module
+
+
+def load_overrides(spec: str) -> list[dict[str, Any]]:
+  """The override dicts of the sweep() of config file[:preset] `spec`, in its order."""
+  path, preset = split_spec(spec)
+  module = _load_module(spec)
   if not callable(getattr(module, 'sweep', None)):
     raise ValueError(f'{path} defines no sweep(preset): it describes one run; pass it to train.py')
   overrides = list(module.sweep() if preset is None else module.sweep(preset))
@@ -79,6 +92,26 @@ def load_overrides(spec: str) -> list[dict[str, Any]]:
     if not isinstance(item, dict) or not item:
       raise ValueError(f'{spec}: sweep() gave {item!r}, not a non-empty dict of overrides')
   return overrides
+
+
+def default_seeds(spec: str) -> int:
+  """Seeds per point the sweep config asks for (its optional `seeds(preset)`), else 1."""
+  _, preset = split_spec(spec)
+  seeds = getattr(_load_module(spec), 'seeds', None)
+  if seeds is None:
+    return 1
+  return seeds() if preset is None else seeds(preset)
+
+
+def with_seeds(all_overrides: list[dict[str, Any]], seeds: int, spec: str) -> list[dict[str, Any]]:
+  """Every point repeated with train.seed = 0 .. seeds-1, seeds adjacent; unchanged for one seed."""
+  if not isinstance(seeds, int) or seeds < 1:
+    raise ValueError(f'{spec}: seeds={seeds!r} must be a positive integer')
+  if seeds == 1:
+    return all_overrides
+  if any(SEED_FIELD in overrides for overrides in all_overrides):
+    raise ValueError(f'{spec} sweeps {SEED_FIELD} itself, so it cannot be repeated over seeds')
+  return [{**overrides, SEED_FIELD: seed} for overrides in all_overrides for seed in range(seeds)]
 
 
 def swept_fields(all_overrides: list[dict[str, Any]]) -> list[str]:
@@ -141,20 +174,22 @@ def _extra_keys(extra_args: list[str], spec: str, fields: list[str]) -> list[str
   return keys
 
 
-def expand(spec: str, workdir: str, extra_args: list[str] = ()) -> list[Run]:
+def expand(spec: str, workdir: str, extra_args: list[str] = (), seeds: int | None = None) -> list[Run]:
   """The runs of `spec`'s sweep under `workdir`, each config parsed and validated.
 
   Args:
     spec: 'config_file.py[:preset]'.
     workdir: Folder holding one subfolder per run.
     extra_args: '--config.KEY=VALUE' arguments given to every run (e.g. a longer num_steps).
+    seeds: runs per point, seeds 0 .. seeds-1; None: the config's `seeds(preset)`, else 1.
 
   Raises:
     ValueError: with a one-line message: no such file, no sweep(), unknown preset, a key that is
       not a config field, a value train.py would parse differently, a bad config, or two runs
       with the same name.
   """
-  all_overrides = load_overrides(spec)
+  all_overrides = with_seeds(load_overrides(spec),
+                             default_seeds(spec) if seeds is None else seeds, spec)
   fields = swept_fields(all_overrides)
   extra_keys = _extra_keys(list(extra_args), spec, fields)
   base = command_line.parse_config_args([f'--config={spec}'])

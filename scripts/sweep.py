@@ -22,7 +22,8 @@ from their checkpoints and leaves diverged ones alone (--rerun_diverged resumes 
 or Ctrl-C is passed to the running train.py, which saves and stops, and then the sweep stops; a
 train.py whose sweep is killed outright gets SIGTERM too, so no run is left training behind a
 re-run's back. --dry_run prints one shell command per run (of this host's share), for a launcher
-of your own, and writes nothing. Arguments --config.KEY=VALUE are given to every run. Exit status
+of your own, and writes nothing. Arguments --config.KEY=VALUE are given to every run. --seeds=N
+repeats every point over train.seed 0 .. N-1. Exit status
 1 when a run failed; diverging is a result.
 """
 
@@ -50,6 +51,8 @@ WORKDIR = flags.DEFINE_string('workdir', None, 'Folder of the sweep: one subfold
 DRY_RUN = flags.DEFINE_bool('dry_run', False, "Print every run's train.py command; run nothing.")
 ONLY = flags.DEFINE_multi_string('only', [], 'Only the runs whose name contains this text '
                                  '(repeatable: any of them).')
+SEEDS = flags.DEFINE_integer('seeds', None, 'Repeat every point with train.seed 0 .. SEEDS-1 (default: '
+                             "the sweep config's seeds(preset), else 1); the report gives mean and std.")
 RERUN_DIVERGED = flags.DEFINE_bool('rerun_diverged', False, 'Resume diverged runs as well, after '
                                    'changing what made them diverge.')
 NUM_HOSTS = flags.DEFINE_integer('num_hosts', 1, 'Hosts splitting the runs, each training its '
@@ -75,7 +78,7 @@ SLURM_GPUS_PER_NODE = flags.DEFINE_integer('slurm_gpus_per_node', 0, 'GPUs per n
 SLURM_ARRAY_PARALLELISM = flags.DEFINE_integer('slurm_array_parallelism', 64, 'Runs of the job '
                                                'array running at once.')
 
-USAGE = 'usage: sweep.py CONFIG_FILE[:PRESET] --workdir=DIR [--dry_run] [--only=TEXT] [--config.KEY=VALUE ...]'
+USAGE = 'usage: sweep.py CONFIG_FILE[:PRESET] --workdir=DIR [--seeds=N] [--dry_run] [--only=TEXT] [--config.KEY=VALUE ...]'
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -211,7 +214,7 @@ def main(argv: list[str]) -> None:
       run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
       partitioning.initialize_distributed(COORDINATOR_ADDRESS.value, NUM_PROCESSES.value,
                                           PROCESS_ID.value)
-    runs = sweeps.expand(spec, workdir, extra_args)
+    runs = sweeps.expand(spec, workdir, extra_args, SEEDS.value)
     selected = [run for run in runs if not ONLY.value or any(text in run.name for text in ONLY.value)]
     if not selected:
       raise ValueError(f'--only={",".join(ONLY.value)} matches none of the {len(runs)} runs: '

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from experiments import plots, report, results, sweeps
@@ -118,3 +119,54 @@ def test_report_command_line_errors_are_one_line(tmp_path):
   assert result.returncode != 0
   assert result.stderr.strip() == f'report.py: {tmp_path} holds no sweep.json and no run folder ' \
                                   '(config.json, status.json or metrics.jsonl)'
+
+
+def test_runs_that_differ_only_in_seed_are_summarised_by_mean_and_sample_std(tmp_path):
+  sweep_dir = tmp_path / 'sweep'
+  losses = {('post', 0): 4.0, ('post', 1): 4.5, ('post', 2): None, ('pre', 0): 3.0, ('pre', 1): 3.2,
+            ('pre', 2): 3.7}
+  runs = []
+  for (position, seed), loss in losses.items():
+    name = f'norm_position={position},seed={seed}'
+    if loss is None:  # diverged before its first validation
+      fabricate_run(sweep_dir, name, position, 0, ('diverged', 10), train=[(10, 50.0, 100.0)])
+    else:
+      fabricate_run(sweep_dir, name, position, 0, ('finished', 20),
+                    train=[(10, loss + 1, 100.0), (20, loss + 0.5, 100.0)], evals=[(20, loss, 10 * seed)])
+    runs.append({'name': name, 'overrides': {'model.norm_position': position, 'train.seed': seed}})
+  for run in runs:  # the seed is in config.json as train.py writes it
+    config_path = sweep_dir / run['name'] / 'config.json'
+    config = json.loads(config_path.read_text())
+    config['train'] = {'seed': run['overrides']['train.seed']}
+    config_path.write_text(json.dumps(config))
+  (sweep_dir / sweeps.SWEEP_FILE).write_text(json.dumps({
+      'config': 'configs/sweeps/x.py', 'extra_args': [], 'fields': ['model.norm_position', 'train.seed'],
+      'runs': runs}))
+
+  loaded, fields = results.load_runs(str(sweep_dir))
+  assert [[run.name for run in group] for group in results.seed_groups(loaded, fields)] == [
+      [run['name'] for run in runs[:3]], [run['name'] for run in runs[3:]]]
+  header, rows, csv_rows = results.seed_table(loaded, fields)
+  assert header[:5] == ['norm_position', 'seeds', 'states', 'final val loss', 'best val loss']
+  # NumPy's sample standard deviation (ddof=1) is the reference.
+  assert rows[0][:4] == ['post', '3', '2 finished, 1 diverged',
+                         f'4.250 ± {np.std([4.0, 4.5], ddof=1):.3f} (n=2)']
+  assert rows[1][3] == f'{np.mean([3.0, 3.2, 3.7]):.3f} ± {np.std([3.0, 3.2, 3.7], ddof=1):.3f}'
+  assert csv_rows[1]['final_val_loss_n'] == 3
+  assert csv_rows[1]['final_val_loss_std'] == pytest.approx(np.std([3.0, 3.2, 3.7], ddof=1))
+  assert csv_rows[0]['final_bleu_mean'] == pytest.approx(5.0)  # seeds 0 and 1: BLEU 0 and 10
+
+  out_dir = tmp_path / 'out'
+  paths = report.write_report(str(sweep_dir), str(out_dir))
+  assert 'report_seeds.csv' in [Path(path).name for path in paths]
+  markdown = (out_dir / 'report.md').read_text()
+  assert '## Over seeds: mean ± sample standard deviation' in markdown
+  assert markdown.index('| post | 3 | 2 finished, 1 diverged |') < markdown.index('## Every run')
+  assert (out_dir / 'val_loss.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_mean_curve_averages_the_seeds_present_at_each_step():
+  steps, means, stds = plots._mean_curve(
+      [[{'step': 10, 'x': 1.0}, {'step': 20, 'x': 3.0}], [{'step': 10, 'x': 2.0}]], 'x')
+  assert steps == [10, 20] and means == [1.5, 3.0]
+  assert stds[0] == pytest.approx(np.std([1.0, 2.0], ddof=1)) and stds[1] is None

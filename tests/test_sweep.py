@@ -102,6 +102,35 @@ def test_bad_sweeps_fail_with_one_line_naming_the_problem(tmp_path, body, messag
   assert '\n' not in str(error.value)
 
 
+def test_seeds_repeat_every_point_with_seeds_adjacent_and_named(tmp_path):
+  spec = write_sweep(tmp_path, """
+      def get_config(preset='a'):
+        return smoke.get_config()
+
+      def sweep(preset='a'):
+        for norm in ('rms', 'layer'):
+          yield {'model.norm': norm}
+
+      def seeds(preset='a'):
+        return {'a': 2, 'b': 1}[preset]
+      """)
+  runs = sweeps.expand(spec, 'w', seeds=3)
+  assert [run.name for run in runs] == [f'norm={norm},seed={seed}' for norm in ('rms', 'layer')
+                                        for seed in range(3)]
+  assert [(run.config.model.norm, run.config.train.seed) for run in runs] == [
+      (norm, seed) for norm in ('rms', 'layer') for seed in range(3)]
+  # Without --seeds the config's seeds(preset) decides; one seed leaves names as they were.
+  assert [run.name for run in sweeps.expand(spec + ':a', 'w')][:2] == ['norm=rms,seed=0', 'norm=rms,seed=1']
+  assert [run.name for run in sweeps.expand(spec + ':b', 'w')] == ['norm=rms', 'norm=layer']
+  with pytest.raises(ValueError, match='sweeps train.seed, so it cannot be set for every run'):
+    sweeps.expand(spec, 'w', ['--config.train.seed=4'], seeds=2)
+  with pytest.raises(ValueError, match='seeds=0 must be a positive integer'):
+    sweeps.expand(spec, 'w', seeds=0)
+  seeded = write_sweep(tmp_path, "def sweep():\n  yield {'train.seed': 5}\n", name='seeded.py')
+  with pytest.raises(ValueError, match='sweeps train.seed itself'):
+    sweeps.expand(seeded, 'w', seeds=2)
+
+
 def test_unknown_preset_names_the_valid_ones():
   with pytest.raises(ValueError, match="preset 'bogus' is not one of: warmup, depth, norm, position"):
     sweeps.expand(f'{XIONG}:bogus', 'runs/x')
