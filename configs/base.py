@@ -39,11 +39,11 @@ def get_config() -> ml_collections.ConfigDict:
   model.attention_dropout_rate = 0.0
   # Normalisation: 'layer', 'rms', 'batch' (padding-aware) or 'scale' (ScaleNorm).
   model.norm = 'layer'
-  # Where the norm sits around each sublayer: 'post' (Vaswani 2017) or 'pre' (Xiong 2020).
+  # Where norms sit around each sublayer: 'post' (Vaswani 2017), 'pre' (Xiong 2020), 'sandwich' (Ding 2021) or 'deepnorm' (Wang 2022); model/blocks.py.
   model.norm_position = 'pre'
   # Epsilon added to the variance (or mean square) in every norm.
   model.norm_epsilon = 1e-5
-  # Position information: 'sinusoidal', 'learned', 'rope' (self-attention only) or 'none'.
+  # Position information: 'sinusoidal', 'learned', 'rope' or 'alibi' (both self-attention only) or 'none'.
   model.position = 'sinusoidal'
   # Largest position a 'learned' table holds (also the sinusoidal table length).
   model.max_position = 1024

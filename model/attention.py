@@ -24,23 +24,26 @@ from model import position
 Cache = dict[str, jnp.ndarray]
 
 
-def attention_weights(query, key, mask):
-  """softmax(Q K^T / sqrt(H)) with masked logits: float32 [B, N, T, S].
+def attention_weights(query, key, mask, bias=None):
+  """softmax(Q K^T / sqrt(H) + bias) with masked logits: float32 [B, N, T, S].
 
   Args:
     query: [B, T, N, H].
     key: [B, S, N, H].
     mask: bool, broadcastable to [B, N, T, S]; True where attending is allowed.
+    bias: float32 broadcastable to [B, N, T, S] (ALiBi), or None.
   """
   query = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
   logits = jnp.einsum('BTNH,BSNH->BNTS', query, key,
                       preferred_element_type=jnp.float32)  # [B, N, T, S]
+  if bias is not None:
+    logits = logits + bias
   logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   return jax.nn.softmax(logits, axis=-1)
 
 
-def xla_attention(query, key, value, mask, dropout):
-  """softmax(Q K^T / sqrt(H)) V with masked logits, as portable einsums.
+def xla_attention(query, key, value, mask, dropout, bias=None):
+  """softmax(Q K^T / sqrt(H) + bias) V with masked logits, as portable einsums.
 
   Args:
     query: [B, T, N, H].
@@ -48,21 +51,24 @@ def xla_attention(query, key, value, mask, dropout):
     value: [B, S, N, H].
     mask: bool, broadcastable to [B, N, T, S]; True where attending is allowed.
     dropout: applied to the attention probabilities.
+    bias: float32 broadcastable to [B, N, T, S], or None.
 
   Returns:
     [B, T, N, H] in the dtype of `value`.
   """
-  probs = dropout(attention_weights(query, key, mask))  # [B, N, T, S]
+  probs = dropout(attention_weights(query, key, mask, bias))  # [B, N, T, S]
   return jnp.einsum('BNTS,BSNH->BTNH', probs.astype(value.dtype), value)  # [B, T, N, H]
 
 
 def _fused_attention(implementation: Optional[str]) -> Callable:
   """`jax.nn.dot_product_attention` with the given backend; it has no probability dropout."""
 
-  def attend(query, key, value, mask, dropout):
+  def attend(query, key, value, mask, dropout, bias=None):
     del dropout  # ModelConfig rejects attention dropout for fused kernels.
     mask = jnp.broadcast_to(mask, (query.shape[0], 1, query.shape[1], key.shape[1]))  # [B, 1, T, S]
-    return jax.nn.dot_product_attention(query, key, value, mask=mask,
+    if bias is not None:
+      bias = bias.astype(query.dtype)
+    return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask,
                                         implementation=implementation)
 
   return attend
@@ -84,26 +90,31 @@ class MultiHeadAttention(nn.Module):
   impl: str = 'xla'
   # Rotate queries and keys by their positions (self-attention with position='rope').
   rotary: bool = False
+  # Add ALiBi's -m_h |i - j| to the logits (self-attention with position='alibi').
+  linear_bias: bool = False
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
   kernel_init: Callable = nn.initializers.xavier_uniform()
+  # Init of the value and output projections (DeepNorm scales them); None: kernel_init.
+  value_out_init: Optional[Callable] = None
 
   def setup(self):
     head_dim = self.d_model // self.num_heads
-    project = lambda name: nn.DenseGeneral(
+    project = lambda name, init: nn.DenseGeneral(
         (self.num_heads, head_dim), dtype=self.dtype, param_dtype=jnp.float32,
-        kernel_init=self.kernel_init, name=name)
-    self.query = project('query')
-    self.key = project('key')
-    self.value = project('value')
+        kernel_init=init, name=name)
+    value_out_init = self.value_out_init or self.kernel_init
+    self.query = project('query', self.kernel_init)
+    self.key = project('key', self.kernel_init)
+    self.value = project('value', value_out_init)
     self.out = nn.DenseGeneral(self.d_model, axis=(-2, -1), dtype=self.dtype,
-                               param_dtype=jnp.float32, kernel_init=self.kernel_init,
+                               param_dtype=jnp.float32, kernel_init=value_out_init,
                                name='out')
     self.attention_dropout = nn.Dropout(self.dropout_rate)
 
-  def _attend(self, query, key, value, mask, deterministic):
+  def _attend(self, query, key, value, mask, deterministic, bias=None):
     dropout = lambda probs: self.attention_dropout(probs, deterministic=deterministic)
-    attended = ATTENTION_IMPLS[self.impl](query, key, value, mask, dropout)  # [B, T, N, H]
+    attended = ATTENTION_IMPLS[self.impl](query, key, value, mask, dropout, bias)  # [B, T, N, H]
     return self.out(attended)  # [B, T, D]
 
   def project_kv(self, inputs: jnp.ndarray, positions: Optional[jnp.ndarray] = None) -> Cache:
@@ -119,7 +130,8 @@ class MultiHeadAttention(nn.Module):
     if self.rotary:
       query = position.apply_rope(query, positions)
     kv = self.project_kv(x, positions)
-    return self._attend(query, kv['key'], kv['value'], mask, deterministic)
+    bias = position.alibi_bias(positions, positions, self.num_heads) if self.linear_bias else None  # [B, N, T, T]
+    return self._attend(query, kv['key'], kv['value'], mask, deterministic, bias)
 
   def cross(self, x, kv: Cache, mask, *, deterministic: bool = True):
     """Attention of x [B, T, D] to precomputed keys/values (`project_kv`) under `mask` [B, 1, T, S].
@@ -152,6 +164,8 @@ class MultiHeadAttention(nn.Module):
         position_index, axis=2)  # [B, N, C, H]
     query = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
     logits = jnp.einsum('BTNH,BNHC->BNTC', query, key, preferred_element_type=jnp.float32)  # [B, N, 1, C]
+    if self.linear_bias:  # slot c holds position c
+      logits = logits + position.alibi_bias(positions[:1], jnp.arange(key.shape[-1])[None], self.num_heads)
     mask = masks_lib.cached_step_mask(position_index, key.shape[-1])  # [1, 1, 1, C]
     probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
     attended = jnp.einsum('BNTC,BNCH->BTNH', probs.astype(value.dtype), value)  # [B, 1, N, H]

@@ -1,11 +1,19 @@
 """Residual wiring: the only place that knows where norms sit around a sublayer.
 
-A placement says how one sublayer f (attention or FFN, dropout included) is joined to the
-residual stream x, how many norms it needs, and whether the stack ends with a final norm:
-  'post'  x <- N(x + f(x))          Vaswani et al. (2017); no final norm.
-  'pre'   x <- x + f(N(x))          Xiong et al. (2020); final norm after the last layer.
-With `residual=False` the '+ x' is dropped, the ablation the lectures describe. Another
-placement (sandwich x + N2(f(N1(x))), DeepNorm N(a x + f(x))) is one more `Placement`.
+A placement says how one sublayer f (attention or FFN) and its dropout D are joined to the
+residual stream x, how many norms it needs, whether the stack ends with a final norm, and how
+it scales the residual branch and the initial weights:
+  'post'      x <- N(x + D(f(x)))             Vaswani et al. (2017); no final norm.
+  'pre'       x <- x + D(f(N(x)))             Xiong et al. (2020); final norm after the last layer.
+  'sandwich'  x <- x + D(N2(f(N1(x))))        Ding et al. (2021, CogView's Sandwich-LN); final norm.
+  'deepnorm'  x <- N(a x + D(f(x)))           Wang et al. (2022, DeepNet); no final norm. With N
+              encoder and M decoder layers: encoder a = 0.81 (N^4 M)^(1/16), decoder a = (3M)^(1/4),
+              and the value and output projections of every attention and both FFN matrices start
+              at b times the configured init: encoder b = 0.87 (N^4 M)^(-1/16), decoder b = (12M)^(-1/4).
+              Queries and keys keep their init.
+With `residual=False` the skip term (x, or a x) is dropped, the ablation the lectures describe.
+Admin (Liu et al. 2020) is not here: its residual weights come from a forward pass over data at
+initialisation, which a placement cannot compute from the config.
 
 Dimensions: B batch, S source length, T target length, D model width; in decoding K hypotheses
 per sentence and R = B * K rows.
@@ -21,7 +29,7 @@ from model.attention import Cache, MultiHeadAttention
 from model.feedforward import FEEDFORWARDS
 from model.fusion import fusion_boundary
 from model.norms import NORMS
-from model.position import ROTARY
+from model.position import LINEAR_BIAS, ROTARY
 
 # A sublayer maps the (possibly normalised) stream to its output and an auxiliary value
 # (the updated cache of a decoding step, else None).
@@ -29,53 +37,118 @@ Sublayer = Callable[[jnp.ndarray], tuple[jnp.ndarray, Any]]
 Norm = Callable[[jnp.ndarray], jnp.ndarray]
 
 
-def _post_norm(x, sublayer: Sublayer, norms: Sequence[Norm], residual: bool):
+def _post_norm(x, sublayer: Sublayer, norms: Sequence[Norm], dropout: Norm, residual: bool, alpha: float):
+  del alpha
   (norm,) = norms
   y, aux = sublayer(x)
-  return norm(x + y if residual else y), aux
+  return norm(x + dropout(y) if residual else dropout(y)), aux
 
 
-def _pre_norm(x, sublayer: Sublayer, norms: Sequence[Norm], residual: bool):
+def _pre_norm(x, sublayer: Sublayer, norms: Sequence[Norm], dropout: Norm, residual: bool, alpha: float):
+  del alpha
   (norm,) = norms
   y, aux = sublayer(norm(x))
+  return (x + dropout(y) if residual else dropout(y)), aux
+
+
+def _sandwich_norm(x, sublayer: Sublayer, norms: Sequence[Norm], dropout: Norm, residual: bool,
+                   alpha: float):
+  del alpha
+  inner, outer = norms
+  y, aux = sublayer(inner(x))
+  y = dropout(outer(y))
   return (x + y if residual else y), aux
+
+
+def _deep_norm(x, sublayer: Sublayer, norms: Sequence[Norm], dropout: Norm, residual: bool, alpha: float):
+  (norm,) = norms
+  y, aux = sublayer(x)
+  return norm(alpha * x + dropout(y) if residual else dropout(y)), aux
+
+
+def _unit_scale(num_encoder_layers: int, num_decoder_layers: int, decoder: bool) -> float:
+  del num_encoder_layers, num_decoder_layers, decoder
+  return 1.0
+
+
+def deepnorm_alpha(num_encoder_layers: int, num_decoder_layers: int, decoder: bool) -> float:
+  """DeepNet's residual weight a for an encoder-decoder (Wang et al. 2022, Table 1)."""
+  if decoder:
+    return (3 * num_decoder_layers) ** 0.25
+  return 0.81 * (num_encoder_layers ** 4 * num_decoder_layers) ** (1 / 16)
+
+
+def deepnorm_beta(num_encoder_layers: int, num_decoder_layers: int, decoder: bool) -> float:
+  """DeepNet's init gain b for an encoder-decoder (Wang et al. 2022, Table 1)."""
+  if decoder:
+    return (12 * num_decoder_layers) ** -0.25
+  return 0.87 * (num_encoder_layers ** 4 * num_decoder_layers) ** (-1 / 16)
 
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-  # (x, sublayer, norms, residual) -> (new x, sublayer's auxiliary output).
+  # (x, sublayer, norms, dropout, residual, alpha) -> (new x, sublayer's auxiliary output).
   connect: Callable
   # Norm modules each sublayer owns.
   norms_per_sublayer: int
   # Whether each stack ends with its own norm.
   final_norm: bool
+  # (num_encoder_layers, num_decoder_layers, decoder) -> weight of x in the residual sum.
+  residual_weight: Callable[[int, int, bool], float] = _unit_scale
+  # (num_encoder_layers, num_decoder_layers, decoder) -> gain of the value, attention-output and
+  # FFN initial weights.
+  init_gain: Callable[[int, int, bool], float] = _unit_scale
 
 
 PLACEMENTS = {
     'post': Placement(_post_norm, norms_per_sublayer=1, final_norm=False),
     'pre': Placement(_pre_norm, norms_per_sublayer=1, final_norm=True),
+    'sandwich': Placement(_sandwich_norm, norms_per_sublayer=2, final_norm=True),
+    'deepnorm': Placement(_deep_norm, norms_per_sublayer=1, final_norm=False,
+                          residual_weight=deepnorm_alpha, init_gain=deepnorm_beta),
 }
+
+
+def scaled_init(init: Callable, gain: float) -> Callable:
+  """`init` times `gain` (DeepNet's b); `init` itself for a gain of 1."""
+  if gain == 1.0:
+    return init
+  return lambda key, shape, dtype=jnp.float32: gain * init(key, shape, dtype)
 
 
 class _Layer(nn.Module):
   """What encoder and decoder layers share: norms, dropout, FFN and the wiring."""
   config: Any  # model.config.ModelConfig
+  # Whether the layer is in the decoder stack (DeepNorm's a and b differ there).
+  is_decoder = False
+
+  def _placement_scale(self, name: str) -> float:
+    cfg = self.config
+    return getattr(PLACEMENTS[cfg.norm_position], name)(cfg.num_encoder_layers, cfg.num_decoder_layers,
+                                                        self.is_decoder)
 
   def make_norms(self, name: str):
     cfg = self.config
     count = PLACEMENTS[cfg.norm_position].norms_per_sublayer
     return [NORMS[cfg.norm](epsilon=cfg.norm_epsilon, name=f'{name}_{i}') for i in range(count)]
 
-  def make_attention(self, rotary: bool, name: str):
+  def make_attention(self, self_attention: bool, name: str):
+    """Self-attention sees positions as configured (RoPE, ALiBi); cross-attention never does:
+    source and target positions are not comparable."""
     cfg = self.config
     return MultiHeadAttention(d_model=cfg.d_model, num_heads=cfg.num_heads, impl=cfg.attention_impl,
-                              rotary=rotary, dropout_rate=cfg.attention_dropout_rate,
-                              dtype=cfg.compute_dtype, kernel_init=cfg.initializer, name=name)
+                              rotary=self_attention and cfg.position in ROTARY,
+                              linear_bias=self_attention and cfg.position in LINEAR_BIAS,
+                              dropout_rate=cfg.attention_dropout_rate,
+                              dtype=cfg.compute_dtype, kernel_init=cfg.initializer,
+                              value_out_init=scaled_init(cfg.initializer, self._placement_scale('init_gain')),
+                              name=name)
 
   def setup_shared(self):
     cfg = self.config
-    self.ffn = FEEDFORWARDS[cfg.activation](d_ff=cfg.d_ff, dtype=cfg.compute_dtype,
-                                            kernel_init=cfg.initializer, name='ffn')
+    self.ffn = FEEDFORWARDS[cfg.activation](
+        d_ff=cfg.d_ff, dtype=cfg.compute_dtype,
+        kernel_init=scaled_init(cfg.initializer, self._placement_scale('init_gain')), name='ffn')
     self.ffn_norms = self.make_norms('ffn_norm')
     self.dropout = nn.Dropout(cfg.dropout_rate)
 
@@ -83,12 +156,9 @@ class _Layer(nn.Module):
     """Joins `sublayer` (followed by dropout) to the stream x with the configured placement."""
     cfg = self.config
     bound_norms = [lambda h, n=n: n(h, token_mask, train) for n in norms]
-
-    def with_dropout(h):
-      y, aux = sublayer(h)
-      return self.dropout(y, deterministic=not train), aux
-
-    x, aux = PLACEMENTS[cfg.norm_position].connect(x, with_dropout, bound_norms, cfg.residual)
+    dropout = lambda y: self.dropout(y, deterministic=not train)
+    x, aux = PLACEMENTS[cfg.norm_position].connect(x, sublayer, bound_norms, dropout, cfg.residual,
+                                                   self._placement_scale('residual_weight'))
     # The stream after each sublayer is computed once, not again inside every later consumer.
     return fusion_boundary(x), aux
 
@@ -102,7 +172,7 @@ class EncoderLayer(_Layer):
 
   def setup(self):
     self.setup_shared()
-    self.self_attention = self.make_attention(self.config.position in ROTARY, 'self_attention')
+    self.self_attention = self.make_attention(True, 'self_attention')
     self.self_attention_norms = self.make_norms('self_attention_norm')
 
   def __call__(self, x, token_mask, attention_mask, positions, train: bool = False):
@@ -114,12 +184,12 @@ class EncoderLayer(_Layer):
 
 class DecoderLayer(_Layer):
   """Causal self-attention, cross-attention to the encoder output, then FFN."""
+  is_decoder = True
 
   def setup(self):
     self.setup_shared()
-    self.self_attention = self.make_attention(self.config.position in ROTARY, 'self_attention')
+    self.self_attention = self.make_attention(True, 'self_attention')
     self.self_attention_norms = self.make_norms('self_attention_norm')
-    # RoPE is for self-attention only: source and target positions are not comparable.
     self.cross_attention = self.make_attention(False, 'cross_attention')
     self.cross_attention_norms = self.make_norms('cross_attention_norm')
 

@@ -6,8 +6,18 @@ Dimensions: B batch, L length, D model width, N heads, H head dim.
 - 'learned': a trained [max_position, D] table added to the embeddings.
 - 'rope': rotary embeddings (Su et al. 2021) applied to queries and keys after their
   projection in self-attention; nothing is added to the embeddings and values are untouched.
+- 'alibi': attention with linear biases (Press et al. 2022): self-attention logits get
+  -m_h * |i - j|, one fixed slope m_h per head; nothing is added to the embeddings. The paper's
+  decoder is causal, where |i - j| = i - j; the encoder uses the same symmetric distance.
 - 'none': no position information (the decoder still sees order through its causal mask).
+
+Beyond the lengths seen in training: sinusoidal, RoPE and ALiBi are closed forms defined at every
+position. The learned table has max_position rows (config.model.max_position, 1024 by default,
+far beyond any Multi30k sentence); rows of positions no training sentence reached get no gradient
+and keep their random initial values, which is exactly what a learned table has to offer there.
 """
+
+import math
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -66,6 +76,43 @@ def apply_rope(x: jnp.ndarray, positions: jnp.ndarray,
   return rotated.astype(x.dtype)
 
 
+def alibi_slopes(num_heads: int) -> np.ndarray:
+  """The heads' slopes m_h of Press et al. (2022), as their reference code computes them.
+
+  For N a power of two: 2^(-8/N), 2^(-16/N), ..., 2^(-8). Otherwise the slopes of the largest
+  power of two P < N, followed by every other slope of 2P, up to N in all.
+
+  Returns:
+    [N] float32.
+  """
+  def power_of_two_slopes(n):
+    start = 2.0 ** (-8.0 / n)
+    return [start ** (i + 1) for i in range(n)]
+
+  if num_heads < 1:
+    raise ValueError(f'alibi_slopes needs at least one head, got {num_heads}')
+  lower = 2 ** math.floor(math.log2(num_heads))
+  slopes = power_of_two_slopes(lower)
+  if lower < num_heads:
+    slopes += power_of_two_slopes(2 * lower)[0::2][:num_heads - lower]
+  return np.asarray(slopes, dtype=np.float32)
+
+
+def alibi_bias(query_positions: jnp.ndarray, key_positions: jnp.ndarray, num_heads: int) -> jnp.ndarray:
+  """-m_h * |i - j|: ALiBi's additive attention-logit bias between query position i and key position j.
+
+  Args:
+    query_positions: [B, T] integer positions.
+    key_positions: [B, S] integer positions.
+    num_heads: N.
+
+  Returns:
+    [B, N, T, S] float32.
+  """
+  distance = jnp.abs(query_positions[:, :, None] - key_positions[:, None, :]).astype(jnp.float32)  # [B, T, S]
+  return -jnp.asarray(alibi_slopes(num_heads))[None, :, None, None] * distance[:, None]
+
+
 class SinusoidalPositions(nn.Module):
   """Adds the fixed sinusoidal table at `positions`."""
   max_position: int
@@ -88,7 +135,7 @@ class LearnedPositions(nn.Module):
 
 
 class NoAddedPositions(nn.Module):
-  """For 'rope' (positions enter inside attention) and 'none'."""
+  """For 'rope' and 'alibi' (positions enter inside attention) and 'none'."""
   max_position: int
 
   def __call__(self, x, positions):
@@ -100,8 +147,11 @@ POSITIONS = {
     'sinusoidal': SinusoidalPositions,
     'learned': LearnedPositions,
     'rope': NoAddedPositions,
+    'alibi': NoAddedPositions,
     'none': NoAddedPositions,
 }
 
 # Position kinds that rotate queries and keys inside self-attention.
 ROTARY = frozenset({'rope'})
+# Position kinds that add a distance bias to self-attention logits.
+LINEAR_BIAS = frozenset({'alibi'})

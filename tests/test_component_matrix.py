@@ -14,6 +14,11 @@ from test_transformer import SOURCE, TARGET_IN, TARGET_OUT, init, tiny_config
 
 MATRIX = list(itertools.product(['layer', 'rms', 'batch', 'scale'], ['post', 'pre'],
                                 ['sinusoidal', 'learned', 'rope', 'none'], ['relu', 'gelu', 'swiglu']))
+# The later placements and ALiBi with every norm, and ALiBi with the first two placements, not
+# the whole product again (the suite's time).
+MATRIX += list(itertools.product(['layer', 'rms', 'batch', 'scale'], ['sandwich', 'deepnorm'],
+                                 ['sinusoidal', 'alibi'], ['relu']))
+MATRIX += list(itertools.product(['layer'], ['post', 'pre'], ['alibi'], ['relu', 'swiglu']))
 
 
 @pytest.mark.parametrize('norm,norm_position,position,activation', MATRIX)

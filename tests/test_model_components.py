@@ -12,12 +12,12 @@ from model.attention import MultiHeadAttention
 RNG = np.random.default_rng(0)
 
 
-def numpy_attention(x_q, x_kv, params, mask, num_heads):
-  """softmax(Q K^T / sqrt(H) + mask) V, then the output projection, in float64 NumPy."""
+def numpy_attention(x_q, x_kv, params, mask, num_heads, bias=0.0):
+  """softmax(Q K^T / sqrt(H) + bias + mask) V, then the output projection, in float64 NumPy."""
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
   proj = lambda x, name: np.einsum('btd,dnh->btnh', x, p[name]['kernel']) + p[name]['bias']
   q, k, v = proj(x_q, 'query'), proj(x_kv, 'key'), proj(x_kv, 'value')
-  logits = np.einsum('btnh,bsnh->bnts', q, k) / np.sqrt(q.shape[-1])
+  logits = np.einsum('btnh,bsnh->bnts', q, k) / np.sqrt(q.shape[-1]) + bias
   logits = np.where(mask, logits, -1e30)
   probs = np.exp(logits - logits.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
@@ -76,6 +76,37 @@ def test_fused_attention_path_equals_einsum_path(attention_setup):
   mask = masks.decoder_self_mask(jnp.array([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]], bool))
   run = lambda impl: MultiHeadAttention(d_model=16, num_heads=4, impl=impl).apply({'params': params}, x, mask)
   np.testing.assert_allclose(run('jax')[:, :4], run('xla')[:, :4], rtol=1e-5, atol=1e-5)
+
+
+def test_alibi_slopes_are_those_of_press_et_al():
+  # Powers of two: 2^(-8/N), 2^(-16/N), ..., 2^(-8).
+  np.testing.assert_allclose(position.alibi_slopes(8), [2.0 ** -k for k in range(1, 9)])
+  np.testing.assert_allclose(position.alibi_slopes(4), [2.0 ** -k for k in (2, 4, 6, 8)])
+  # Otherwise the 4-head slopes, then every other 8-head slope: their reference code for N = 6.
+  np.testing.assert_allclose(position.alibi_slopes(6), [2.0 ** -k for k in (2, 4, 6, 8, 1, 3)])
+  assert position.alibi_slopes(1).tolist() == [2.0 ** -8]
+
+
+def test_alibi_attention_equals_the_closed_form_bias_and_depends_on_distance_only():
+  x = jnp.asarray(RNG.normal(size=(2, 5, 16)), jnp.float32)
+  module = MultiHeadAttention(d_model=16, num_heads=4, linear_bias=True)
+  mask = masks.decoder_self_mask(jnp.array([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]], bool))
+  positions = jnp.broadcast_to(jnp.arange(5), (2, 5))
+  params = module.init(jax.random.PRNGKey(0), x, mask, positions)['params']
+  distance = np.abs(np.arange(5)[:, None] - np.arange(5)[None, :])  # [T, S]
+  bias = -(2.0 ** -np.arange(2, 10, 2))[None, :, None, None] * distance  # m_h = 2^-2, ..., 2^-8
+  np.testing.assert_allclose(position.alibi_bias(positions, positions, 4), np.broadcast_to(bias, (2, 4, 5, 5)),
+                             rtol=1e-6)
+  got = module.apply({'params': params}, x, mask, positions)
+  want = numpy_attention(np.asarray(x), np.asarray(x), params, np.asarray(mask), 4, bias)
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(got[1, :4], want[1, :4], rtol=1e-4, atol=1e-5)
+  # Relative: shifting every position leaves the output unchanged.
+  np.testing.assert_allclose(module.apply({'params': params}, x, mask, positions + 37), got, rtol=1e-5, atol=1e-6)
+  # The fused path takes the same bias.
+  fused = MultiHeadAttention(d_model=16, num_heads=4, linear_bias=True, impl='jax')
+  np.testing.assert_allclose(fused.apply({'params': params}, x, mask, positions)[:, :4], got[:, :4],
+                             rtol=1e-5, atol=1e-5)
 
 
 def test_bfloat16_attention_keeps_float32_logits():
@@ -238,14 +269,29 @@ def _toy_norm(h):
   return h / 10.0 - 3.0
 
 
+def _toy_dropout(h):
+  return 0.5 * h
+
+
+def _toy_outer_norm(h):
+  return h * 4.0 + 0.25
+
+
 @pytest.mark.parametrize('residual', [True, False])
-def test_post_and_pre_wiring_match_their_formulas(residual):
+def test_each_placement_matches_its_formula(residual):
   x = jnp.asarray(RNG.normal(size=(2, 3, 4)), jnp.float32)
   f = lambda h: _toy_sublayer(h)[0]
+  d, n, n2 = _toy_dropout, _toy_norm, _toy_outer_norm
   skip = x if residual else 0.0
-  post, aux = blocks.PLACEMENTS['post'].connect(x, _toy_sublayer, [_toy_norm], residual)
-  np.testing.assert_allclose(post, _toy_norm(skip + f(x)), rtol=1e-6)
-  pre, _ = blocks.PLACEMENTS['pre'].connect(x, _toy_sublayer, [_toy_norm], residual)
-  np.testing.assert_allclose(pre, skip + f(_toy_norm(x)), rtol=1e-6)
+  connect = lambda name, norms, alpha=1.0: blocks.PLACEMENTS[name].connect(x, _toy_sublayer, norms, d, residual, alpha)
+  post, aux = connect('post', [n])
+  np.testing.assert_allclose(post, n(skip + d(f(x))), rtol=1e-6)
+  pre, _ = connect('pre', [n])
+  np.testing.assert_allclose(pre, skip + d(f(n(x))), rtol=1e-6)
+  sandwich, _ = connect('sandwich', [n, n2])
+  np.testing.assert_allclose(sandwich, skip + d(n2(f(n(x)))), rtol=1e-6)
+  deep, _ = connect('deepnorm', [n], alpha=2.5)
+  np.testing.assert_allclose(deep, n(2.5 * skip + d(f(x))), rtol=1e-6)
   assert aux == 'aux'
-  assert blocks.PLACEMENTS['pre'].final_norm and not blocks.PLACEMENTS['post'].final_norm
+  assert [name for name, p in blocks.PLACEMENTS.items() if p.final_norm] == ['pre', 'sandwich']
+  assert blocks.PLACEMENTS['sandwich'].norms_per_sublayer == 2

@@ -98,7 +98,7 @@ def test_without_packing_the_plan_and_its_batches_are_one_pair_per_row_in_id_ord
 
 
 @pytest.mark.parametrize('position,norm_position', list(itertools.product(
-    ['sinusoidal', 'learned', 'rope'], ['pre', 'post'])))
+    ['sinusoidal', 'learned', 'rope', 'alibi'], ['pre', 'post'])))
 def test_a_pair_gets_the_same_logits_in_a_packed_row_as_in_its_own(position, norm_position):
   model = Transformer(tiny_config(position=position, norm_position=norm_position))
   single = unpacked_batch()

@@ -34,10 +34,11 @@ def param_shapes(model):
   return jax.eval_shape(lambda: init(model))['params']
 
 
-@pytest.mark.parametrize('position,norm', list(itertools.product(
-    ['sinusoidal', 'learned', 'rope', 'none'], ['layer', 'batch'])))
-def test_incremental_decoding_equals_full_forward(position, norm):
-  model = Transformer(tiny_config(position=position, norm=norm, norm_position='post'))
+@pytest.mark.parametrize('position,norm,norm_position', [
+    *itertools.product(['sinusoidal', 'learned', 'rope', 'alibi', 'none'], ['layer', 'batch'], ['post']),
+    ('sinusoidal', 'layer', 'sandwich'), ('alibi', 'rms', 'deepnorm')])
+def test_incremental_decoding_equals_full_forward(position, norm, norm_position):
+  model = Transformer(tiny_config(position=position, norm=norm, norm_position=norm_position))
   variables = init(model)
   if norm == 'batch':  # non-trivial running statistics, as after training
     variables = dict(variables, batch_stats=jax.tree.map(
@@ -161,10 +162,42 @@ def test_residual_off_changes_the_function():
   assert not np.allclose(with_residual.apply(variables, SOURCE, TARGET_IN), without)
 
 
+def test_deepnorm_constants_are_those_of_wang_et_al():
+  # Table 1 of DeepNet, encoder-decoder with N encoder and M decoder layers.
+  for n, m in ((6, 6), (12, 3), (24, 24)):
+    assert blocks.deepnorm_alpha(n, m, decoder=False) == pytest.approx(0.81 * (n ** 4 * m) ** (1 / 16))
+    assert blocks.deepnorm_beta(n, m, decoder=False) == pytest.approx(0.87 * (n ** 4 * m) ** (-1 / 16))
+    assert blocks.deepnorm_alpha(n, m, decoder=True) == pytest.approx((3 * m) ** 0.25)
+    assert blocks.deepnorm_beta(n, m, decoder=True) == pytest.approx((12 * m) ** -0.25)
+  # 6+6: a = 0.81 * 6^(5/16) = 1.418 and b = 0.87 * 6^(-5/16) = 0.497 in the encoder.
+  assert blocks.deepnorm_alpha(6, 6, False) == pytest.approx(1.4179, abs=1e-4)
+  assert blocks.deepnorm_beta(6, 6, False) == pytest.approx(0.4970, abs=1e-4)
+
+
+def test_deepnorm_scales_value_output_and_ffn_inits_by_beta_and_nothing_else():
+  layers = dict(num_encoder_layers=3, num_decoder_layers=2)
+  post = init(Transformer(tiny_config(norm_position='post', **layers)))['params']
+  deep = init(Transformer(tiny_config(norm_position='deepnorm', **layers)))['params']
+  beta = {False: blocks.deepnorm_beta(3, 2, False), True: blocks.deepnorm_beta(3, 2, True)}
+  scaled = 0
+  for path, value in jax.tree_util.tree_leaves_with_path(post):
+    keys = [k.key for k in path]
+    want = np.asarray(value)
+    if keys[-1] == 'kernel' and (keys[-2] in ('value', 'out', 'w1', 'w2')):
+      want = want * beta[keys[0].startswith('decoder')]
+      scaled += 1
+    got = deep
+    for key in keys:
+      got = got[key]
+    np.testing.assert_allclose(got, want, rtol=1e-6, err_msg='/'.join(keys))
+  # value and out of each attention, w1 and w2 of each FFN: 3 * (2 + 2) + 2 * (2 + 2 + 2).
+  assert scaled == 24
+
+
 @pytest.mark.parametrize('field,value,message', [
     ('norm', 'group', "config.model.norm='group' is not one of: batch, layer, rms, scale"),
-    ('norm_position', 'sandwich', "config.model.norm_position='sandwich' is not one of: post, pre"),
-    ('position', 'alibi', "config.model.position='alibi' is not one of: learned, none, rope, sinusoidal"),
+    ('norm_position', 'admin', "config.model.norm_position='admin' is not one of: deepnorm, post, pre, sandwich"),
+    ('position', 'xpos', "config.model.position='xpos' is not one of: alibi, learned, none, rope, sinusoidal"),
     ('activation', 'tanh', "config.model.activation='tanh' is not one of: gelu, relu, swiglu"),
     ('attention_impl', 'flash', "config.model.attention_impl='flash' is not one of: cudnn, jax, xla"),
     ('dtype', 'float16', "config.model.dtype='float16' is not one of: bfloat16, float32"),
