@@ -81,6 +81,8 @@ def get_config() -> ml_collections.ConfigDict:
   data.vocab_type = 'unigram'
   # Longest source or target sequence in tokens (EOS included); longer training pairs are dropped and counted.
   data.max_length = 128
+  # Train only on pairs whose source has at most this many words (0: no limit); length-extrapolation studies.
+  data.train_max_source_words = 0
   # Token budget per training batch (padded source or target tokens, the larger), like fairseq --max-tokens.
   data.max_tokens = 4096
   # Pack several pairs into training rows of this many tokens per side (0: one pair per row, bucketed).

@@ -130,8 +130,8 @@ def pack(source_lengths: np.ndarray, target_lengths: np.ndarray, length: int,
 
 def make_plan(source_lengths: np.ndarray, target_lengths: np.ndarray, *,
               max_length: int, max_tokens: int, batch_multiple: int,
-              seed: int, pack_length: int = 0) -> BatchPlan:
-  """Plans batches of the pairs that fit in max_length.
+              seed: int, pack_length: int = 0, eligible: np.ndarray | None = None) -> BatchPlan:
+  """Plans batches of the pairs that fit in max_length (and are `eligible`).
 
   Args:
     source_lengths: [N] tokens of each source, EOS included.
@@ -141,6 +141,7 @@ def make_plan(source_lengths: np.ndarray, target_lengths: np.ndarray, *,
     batch_multiple: Every batch size is a multiple of this.
     seed: Seed of the data order (and of which pairs share a packed row).
     pack_length: P > 0 packs the pairs whose longer side fits P; 0 does not.
+    eligible: [N] bool, the pairs that may be trained on at all (None: every pair).
 
   Raises:
     ValueError: max_tokens cannot hold `batch_multiple` rows of max_length
@@ -156,7 +157,7 @@ def make_plan(source_lengths: np.ndarray, target_lengths: np.ndarray, *,
         f'longest bucket ({lengths.max()} tokens for max_length={max_length}); '
         f'raise max_tokens to at least {lengths.max() * batch_multiple}')
   longer = np.maximum(source_lengths, target_lengths)
-  example_ids = np.flatnonzero(longer <= max_length)
+  example_ids = np.flatnonzero((longer <= max_length) & (True if eligible is None else eligible))
   example_buckets = np.searchsorted(lengths, longer[example_ids])
   if not pack_length:  # one row per pair, in id order
     return BatchPlan(lengths, batch_sizes, example_ids,

@@ -47,15 +47,18 @@ class TrainIterator(Iterator[dict]):
   Attributes:
     num_pairs: Training pairs batched (every epoch).
     num_filtered: Training pairs dropped for exceeding max_length.
+    num_long_sources: Training pairs dropped for a source of more than train_max_source_words
+      words (counted apart from num_filtered).
     batches_per_epoch: Batches (steps) in every epoch.
     batch_shapes: Every [B, L] shape this process's batches can have.
   """
 
   def __init__(self, iterator: grain.DatasetIterator, plan: batching.BatchPlan,
-               num_filtered: int, process_count: int):
+               num_filtered: int, process_count: int, num_long_sources: int = 0):
     self._iterator = iterator
     self.num_pairs = len(plan.example_ids)
     self.num_filtered = num_filtered
+    self.num_long_sources = num_long_sources
     self.batches_per_epoch = plan.batches_per_epoch
     self.batch_shapes = [(int(size) // process_count, int(length))
                          for size, length in zip(plan.batch_sizes, plan.lengths)]
@@ -89,16 +92,19 @@ def make_train_iterator(data_config, tokenizer: tokenizer_lib.Tokenizer, *,
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} not in [0, {process_count})')
   source, target = _split_ids(data_config, tokenizer, 'train')
+  short_sources = short_source_pairs(data_config)
   # EOS (source, target) and BOS (decoder input) add one token per side.
   plan = batching.make_plan(
       source.lengths + 1, target.lengths + 1,
       max_length=data_config.max_length, max_tokens=data_config.max_tokens,
       batch_multiple=batch_multiple * process_count, seed=seed,
-      pack_length=data_config.pack_length)
-  num_filtered = len(source) - len(plan.example_ids)
+      pack_length=data_config.pack_length, eligible=short_sources)
+  num_long_sources = 0 if short_sources is None else int((~short_sources).sum())
+  num_filtered = len(source) - len(plan.example_ids) - num_long_sources
   logging.info('Training on %d pairs in %d batches per epoch; %d pairs longer '
-               'than max_length=%d tokens are left out', len(plan.example_ids),
-               plan.batches_per_epoch, num_filtered, data_config.max_length)
+               'than max_length=%d tokens and %d with sources of more than %d words are left out',
+               len(plan.example_ids), plan.batches_per_epoch, num_filtered, data_config.max_length,
+               num_long_sources, data_config.train_max_source_words)
 
   # Prefetching threads may straddle two epochs.
   epoch_batches = functools.lru_cache(maxsize=2)(plan.epoch_batches)
@@ -126,7 +132,17 @@ def make_train_iterator(data_config, tokenizer: tokenizer_lib.Tokenizer, *,
   read_options = grain.ReadOptions(num_threads=data_config.num_workers,
                                    prefetch_buffer_size=2 * data_config.num_workers)
   iterator = iter(dataset.to_iter_dataset(read_options))
-  return TrainIterator(iterator, plan, num_filtered, process_count)
+  return TrainIterator(iterator, plan, num_filtered, process_count, num_long_sources)
+
+
+def short_source_pairs(data_config) -> np.ndarray | None:
+  """[N] bool: training pairs whose source has at most `train_max_source_words` whitespace-separated
+  words (the length-extrapolation experiments train on these only); None when there is no limit."""
+  if not data_config.train_max_source_words:
+    return None
+  source_lang, _ = datasets.language_pair(data_config)
+  words = np.array([len(line.split()) for line in datasets.load_examples(data_config, 'train')[source_lang]])
+  return words <= data_config.train_max_source_words
 
 
 def make_eval_batches(data_config, tokenizer: tokenizer_lib.Tokenizer,

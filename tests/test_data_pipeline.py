@@ -79,6 +79,20 @@ def test_an_epoch_covers_every_kept_pair_once_within_budget(multi30k_config,
   assert next_epoch['epoch'] == 1
 
 
+def test_a_source_word_limit_trains_on_the_short_pairs_only_and_counts_the_rest(multi30k_config,
+                                                                               multi30k_tokenizer):
+  multi30k_config.train_max_source_words = 10
+  iterator = pipeline.make_train_iterator(multi30k_config, multi30k_tokenizer, seed=0)
+  text = datasets.load_split_text(multi30k_config, 'train')
+  long_sources = {i for i, source in enumerate(text.source) if len(source.split()) > 10}
+  assert iterator.num_long_sources == len(long_sources) > 0
+  batches = _take(iterator, iterator.batches_per_epoch)
+  seen = np.concatenate([b['example_index'] for b in batches])
+  seen = set(seen[seen >= 0].tolist())
+  assert not seen & long_sources
+  assert len(seen) == iterator.num_pairs == 29000 - len(long_sources) - iterator.num_filtered
+
+
 def test_epochs_are_reshuffled_deterministically(multi30k_config,
                                                  multi30k_tokenizer):
   def first_rows(seed, skip_epochs=0):

@@ -43,6 +43,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       0 <= pack_length <= config.data.max_tokens):
     raise ValueError(f'config.data.pack_length={pack_length!r} must be 0 (no packing) or a row '
                      f'length up to config.data.max_tokens={config.data.max_tokens}')
+  words = config.data.train_max_source_words
+  if not isinstance(words, int) or isinstance(words, bool) or words < 0:
+    raise ValueError(f'config.data.train_max_source_words={words!r} must be 0 (no limit) or a '
+                     'positive number of words')
   if config.data.source_lang == config.data.target_lang:
     raise ValueError(f'config.data.source_lang and target_lang are both {config.data.source_lang!r}')
   vocab = config.data.vocab_size

@@ -1,0 +1,189 @@
+"""Length extrapolation: BLEU and per-token loss by source length, per run and over a sweep.
+
+A run trained on short sources (config.data.train_max_source_words = k) is scored on whole
+splits, bucketed by the source's word count (whitespace-separated, as the training filter counts):
+  - per-token loss: teacher-forced NLL of the reference, summed over the bucket's target tokens
+    (EOS included) and divided by their number, in float32 from float32 logits;
+  - BLEU: detokenised corpus BLEU (sacreBLEU defaults) of the bucket's greedy hypotheses.
+Each run gets RUN/length_buckets/<split>.json; `summarise` groups a sweep's runs that differ only
+in seed and gives each bucket's mean and sample standard deviation, and `plot` draws them against
+source length with the trained range shaded.
+
+Dimensions: B sentences, S source length, T target length, V vocabulary.
+"""
+
+import io
+import json
+import math
+import os
+
+from etils import epath
+import jax
+import jax.numpy as jnp
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+import numpy as np
+
+from data import datasets, pipeline
+from experiments import results, sweeps
+from training import partitioning, trained_model, translating
+
+# Upper ends of the source-length buckets in words; longer sources form the last bucket.
+# Multi30k's validation and test_2016 have ~35 sources of more than 20 words each.
+BUCKET_ENDS = (5, 10, 15, 20)
+OUT_DIR = 'length_buckets'
+
+
+def bucket_names(ends=BUCKET_ENDS) -> list[str]:
+  """'1-5', '6-10', ..., '21+'."""
+  starts = (1,) + tuple(end + 1 for end in ends)
+  return [f'{start}-{end}' for start, end in zip(starts, ends)] + [f'{starts[-1]}+']
+
+
+def bucket_index(word_counts, ends=BUCKET_ENDS) -> np.ndarray:
+  """[N] bucket of each source: i where ends[i-1] < words <= ends[i]."""
+  return np.searchsorted(ends, np.asarray(word_counts), side='left')
+
+
+def _sentence_nll(model):
+  @jax.jit
+  def nll(variables, batch):
+    logits = model.apply(variables, batch['encoder_input_tokens'], batch['decoder_input_tokens'])  # [B, T, V]
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    target = jnp.take_along_axis(log_probs, batch['decoder_target_tokens'][..., None], axis=-1)[..., 0]  # [B, T]
+    weights = batch['decoder_target_weights']
+    return -(target * weights).sum(-1), weights.sum(-1)  # [B], [B]
+  return nll
+
+
+def sentence_losses(model, variables, batches: list[dict], count: int) -> tuple[np.ndarray, np.ndarray]:
+  """Teacher-forced NLL summed over each sentence's target tokens, and their count: [N] each."""
+  nll_of = _sentence_nll(model)
+  nll, tokens = np.zeros(count), np.zeros(count)
+  for batch in batches:
+    inputs = {key: value for key, value in batch.items() if key != 'example_index'}
+    sums, counts = jax.device_get(nll_of(variables, inputs))
+    real = batch['example_index'] >= 0
+    nll[batch['example_index'][real]] = sums[real]
+    tokens[batch['example_index'][real]] = counts[real]
+  return nll, tokens
+
+
+def bucket_scores(sources: list[str], hypotheses: list[str], references: list[str],
+                  nll: np.ndarray, tokens: np.ndarray, ends=BUCKET_ENDS) -> list[dict]:
+  """Per bucket: sentences, target tokens, loss per token and BLEU (None for an empty bucket)."""
+  index = bucket_index([len(source.split()) for source in sources], ends)
+  rows = []
+  for i, name in enumerate(bucket_names(ends)):
+    members = np.flatnonzero(index == i)
+    rows.append({
+        'source_words': name, 'sentences': len(members), 'target_tokens': int(tokens[members].sum()),
+        'loss_per_token': float(nll[members].sum() / tokens[members].sum()) if len(members) else None,
+        'bleu': translating.bleu([hypotheses[j] for j in members],
+                                 [references[j] for j in members]) if len(members) else None})
+  return rows
+
+
+def score_run(workdir: str, splits: list[str], checkpoint: str = 'last') -> dict[str, list[dict]]:
+  """Scores a trained run on whole `splits` by source length; writes RUN/length_buckets/<split>.json."""
+  mesh = partitioning.make_mesh()
+  scored = {}
+  for split in splits:
+    run = trained_model.restore(workdir, split, checkpoint, mesh)
+    batches = pipeline.make_eval_batches(run.config.data, run.tokenizer, split,
+                                         run.config.data.eval_batch_size)
+    text = datasets.load_split_text(run.config.data, split)
+    nll, tokens = sentence_losses(run.model, run.variables, batches, len(text.source))
+    hypotheses, _ = translating.SplitTranslator(run.model, run.tokenizer, batches, mesh)(run.variables)
+    scored[split] = bucket_scores(text.source, hypotheses, text.reference, nll, tokens)
+    out = epath.Path(workdir) / OUT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f'{split}.json').write_text(json.dumps({
+        'split': split, 'checkpoint': checkpoint, 'checkpoint_steps': run.steps, 'decoding': 'greedy',
+        'train_max_source_words': run.config.data.train_max_source_words, 'buckets': scored[split]},
+        indent=2))
+  return scored
+
+
+def summarise(sweep_dir: str, split: str) -> list[dict]:
+  """Per group of runs that differ only in seed: its swept values and, per bucket, mean and std."""
+  runs, fields = results.load_runs(sweep_dir)
+  groups = []
+  for group in results.seed_groups(runs, fields):
+    files = [epath.Path(sweep_dir) / run.name / OUT_DIR / f'{split}.json' for run in group]
+    scored = [json.loads(path.read_text()) for path in files if path.is_file()]
+    if not scored:
+      continue
+    buckets = []
+    for i, name in enumerate(bucket_names()):
+      row = {'source_words': name, 'sentences': scored[0]['buckets'][i]['sentences']}
+      for metric in ('bleu', 'loss_per_token'):
+        values = [s['buckets'][i][metric] for s in scored if s['buckets'][i][metric] is not None]
+        row[metric], row[f'{metric}_std'] = results.mean_and_std(values) if values else (None, None)
+      buckets.append(row)
+    groups.append({'values': {field: group[0].values[field] for field in fields
+                              if field != sweeps.SEED_FIELD},
+                   'seeds': len(scored), 'trained_words': scored[0]['train_max_source_words'],
+                   'buckets': buckets})
+  return groups
+
+
+def markdown(groups: list[dict], metric: str, spec: str) -> str:
+  """A table: one row per group, one column per bucket, 'mean ± std'."""
+  names = bucket_names()
+  header = ['run', 'seeds', *names]
+  rows = [[', '.join(f'{key.rsplit(".", 1)[-1]}={value}' for key, value in group['values'].items()),
+           str(group['seeds']),
+           *('–' if b[metric] is None else (f'{b[metric]:{spec}}' if b[f'{metric}_std'] is None
+                                             else f'{b[metric]:{spec}} ± {b[f"{metric}_std"]:{spec}}')
+             for b in group['buckets'])] for group in groups]
+  sentences = ['sentences', '', *(str(b['sentences']) for b in groups[0]['buckets'])]
+  lines = [header, ['---'] * len(header), *rows, sentences]
+  return '\n'.join('| ' + ' | '.join(cells) + ' |' for cells in lines) + '\n'
+
+
+def plot(groups: list[dict], split: str, path: str) -> None:
+  """BLEU and loss per token against source length, mean ± std per group, trained range shaded."""
+  names = bucket_names()
+  figure = Figure(figsize=(11, 4), layout='constrained')
+  axes = figure.subplots(1, 2)
+  trained = groups[0]['trained_words']
+  # Buckets wholly inside the trained range: their upper end is at most k words.
+  inside = sum(1 for end in BUCKET_ENDS if trained and end <= trained)
+  for ax, (metric, label) in zip(axes, (('bleu', 'BLEU (greedy)'), ('loss_per_token', 'loss per target token'))):
+    if inside:
+      ax.axvspan(-0.5, inside - 0.5, color='grey', alpha=0.15, label=f'trained: sources <= {trained} words')
+    for i, group in enumerate(groups):
+      xs = [x for x, b in enumerate(group['buckets']) if b[metric] is not None]
+      ys = np.array([group['buckets'][x][metric] for x in xs])
+      stds = np.array([group['buckets'][x][f'{metric}_std'] or 0.0 for x in xs])
+      color = colormaps['tab10'](i % 10)
+      label = ', '.join(f'{value}' for value in group['values'].values()) + f' ({group["seeds"]} seeds)'
+      ax.plot(xs, ys, marker='o', color=color, label=label)
+      ax.fill_between(xs, ys - stds, ys + stds, color=color, alpha=0.2, linewidth=0)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_xlabel(f'source length in words ({split})')
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize='small')
+  image = io.BytesIO()
+  figure.savefig(image, format='png', dpi=100)
+  epath.Path(path).write_bytes(image.getvalue())
+
+
+def write_summary(sweep_dir: str, splits: list[str], out_dir: str) -> list[str]:
+  """length_extrapolation.md and one PNG per split in `out_dir`; returns the paths written."""
+  lines, written = [f'# Length extrapolation: {sweep_dir}', ''], []
+  for split in splits:
+    groups = summarise(sweep_dir, split)
+    if not groups:
+      raise ValueError(f'{sweep_dir}: no run has {OUT_DIR}/{split}.json; score the runs first')
+    image = os.path.join(out_dir, f'length_{split}.png')
+    plot(groups, split, image)
+    written.append(image)
+    lines += [f'## {split}: BLEU (greedy) by source words, mean ± sample std over seeds', '',
+              markdown(groups, 'bleu', '.2f'), f'## {split}: loss per target token', '',
+              markdown(groups, 'loss_per_token', '.3f'), f'![{split}](length_{split}.png)', '']
+  path = os.path.join(out_dir, 'length_extrapolation.md')
+  epath.Path(path).write_text('\n'.join(lines))
+  return [path, *written]

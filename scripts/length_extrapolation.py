@@ -1,0 +1,46 @@
+"""Scores a sweep's runs by source length and summarises them: the length-extrapolation experiment.
+
+  python -m scripts.sweep configs/sweeps/length_extrapolation.py --workdir=runs/length
+  python -m scripts.length_extrapolation runs/length --splits=validation,test_2016,test_2017
+
+For every finished run without them yet, writes RUN/length_buckets/<split>.json: per source-length
+bucket (words), the loss per target token of the reference and the greedy BLEU
+(analysis/length_buckets.py). Then writes length_extrapolation.md and length_<split>.png into the
+sweep folder: each position scheme's mean ± std over seeds against source length, the trained
+range shaded.
+"""
+
+from absl import app, flags
+from etils import epath
+
+from analysis import length_buckets
+from experiments import results
+from training import command_line
+
+SPLITS = flags.DEFINE_list('splits', ['validation', 'test_2016'], 'Splits to score.')
+CHECKPOINT = flags.DEFINE_string('checkpoint', 'last', "Checkpoint of each run: 'last', 'best', a step, 'avg:N'.")
+RESCORE = flags.DEFINE_bool('rescore', False, 'Score runs again even where their files exist.')
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) != 2:
+    raise SystemExit('usage: length_extrapolation.py SWEEP_DIR [--splits=a,b] [--checkpoint=last]')
+  sweep_dir = argv[1]
+  try:
+    runs, _ = results.load_runs(sweep_dir)
+    for run in runs:
+      run_dir = epath.Path(sweep_dir) / run.name
+      done = all((run_dir / length_buckets.OUT_DIR / f'{split}.json').is_file() for split in SPLITS.value)
+      if not run.status or run.status['state'] != 'finished' or (done and not RESCORE.value):
+        continue
+      print(f'{run.name}: scoring {", ".join(SPLITS.value)}', flush=True)
+      length_buckets.score_run(str(run_dir), SPLITS.value, CHECKPOINT.value)
+    paths = length_buckets.write_summary(sweep_dir, SPLITS.value, sweep_dir)
+  except ValueError as error:
+    raise SystemExit(f'length_extrapolation.py: {command_line.one_line_error(error)}') from None
+  print(epath.Path(paths[0]).read_text())
+  print('wrote ' + ', '.join(paths))
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=command_line.parse_flags)
