@@ -131,6 +131,21 @@ def test_seeds_repeat_every_point_with_seeds_adjacent_and_named(tmp_path):
     sweeps.expand(seeded, 'w', seeds=2)
 
 
+@pytest.mark.parametrize('spec,points,field', [
+    ('configs/sweeps/depth_stability.py:cpu', 12, 'model.norm_position'),
+    ('configs/sweeps/length_extrapolation.py:cpu', 5, 'model.position')])
+def test_issue_19_sweeps_repeat_each_point_over_three_seeds(spec, points, field):
+  runs = sweeps.expand(spec, 'runs/x')
+  assert len(runs) == 3 * points
+  assert [run.config.train.seed for run in runs[:3]] == [0, 1, 2]
+  assert len({sweeps._lookup(run.config, field) for run in runs}) == (4 if points == 12 else 5)
+  if 'depth' in spec:  # no warmup, a fixed rate, 6 to 24 layers per side
+    assert {(run.config.optim.warmup_steps, run.config.optim.schedule) for run in runs} == {(0, 'constant')}
+    assert {run.config.model.num_decoder_layers for run in runs} == {6, 12, 24}
+  else:
+    assert {run.config.data.train_max_source_words for run in runs} == {10}
+
+
 def test_unknown_preset_names_the_valid_ones():
   with pytest.raises(ValueError, match="preset 'bogus' is not one of: warmup, depth, norm, position"):
     sweeps.expand(f'{XIONG}:bogus', 'runs/x')
