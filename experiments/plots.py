@@ -109,12 +109,13 @@ def plot_curves(runs: list[RunRecords], fields: list[str], out_dir: str, *,
         first = group[0]
         if not any(curves[run.name] for run in group) or (panel and value(first, panel) != panel_value):
           continue
-        steps, ys, stds = _mean_curve([curves[run.name] for run in group], metric)
+        with_records = [run for run in group if curves[run.name]]
+        steps, ys, stds = _mean_curve([curves[run.name] for run in with_records], metric)
         label = ', '.join(f'{labels[field]}={value(first, field)}' for field in [colour, *rest] if field)
         label = label or first.name
         diverged = [run for run in group if run.status is not None and run.status['state'] == 'diverged']
-        if len(group) > 1:
-          label += f' ({len(group)} seeds' + (f', {len(diverged)} diverged)' if diverged else ')')
+        if len(group) > 1:  # the seeds this line averages
+          label += f' ({len(with_records)} seeds' + (f', {len(diverged)} diverged)' if diverged else ')')
         elif diverged:
           label += f' ({state_text(first.status)})'
         color = colormaps['tab10'](colours.index(value(first, colour) if colour else first.name) % 10)
