@@ -150,7 +150,8 @@ def plot(groups: list[dict], split: str, path: str) -> None:
   trained = groups[0]['trained_words']
   # Buckets wholly inside the trained range: their upper end is at most k words.
   inside = sum(1 for end in BUCKET_ENDS if trained and end <= trained)
-  for ax, (metric, label) in zip(axes, (('bleu', 'BLEU (greedy)'), ('loss_per_token', 'loss per target token'))):
+  for ax, (metric, axis_label) in zip(axes, (('bleu', 'BLEU (greedy)'),
+                                             ('loss_per_token', 'loss per target token'))):
     if inside:
       ax.axvspan(-0.5, inside - 0.5, color='grey', alpha=0.15, label=f'trained: sources <= {trained} words')
     for i, group in enumerate(groups):
@@ -163,7 +164,7 @@ def plot(groups: list[dict], split: str, path: str) -> None:
       ax.fill_between(xs, ys - stds, ys + stds, color=color, alpha=0.2, linewidth=0)
     ax.set_xticks(range(len(names)), names)
     ax.set_xlabel(f'source length in words ({split})')
-    ax.set_ylabel(label)
+    ax.set_ylabel(f'{axis_label}, mean ± std over seeds')
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize='small')
   image = io.BytesIO()

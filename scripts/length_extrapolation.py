@@ -15,7 +15,7 @@ from etils import epath
 
 from analysis import length_buckets
 from experiments import results
-from training import command_line
+from training import command_line, run_log
 
 SPLITS = flags.DEFINE_list('splits', ['validation', 'test_2016'], 'Splits to score.')
 CHECKPOINT = flags.DEFINE_string('checkpoint', 'last', "Checkpoint of each run: 'last', 'best', a step, 'avg:N'.")
@@ -26,6 +26,8 @@ def main(argv: list[str]) -> None:
   if len(argv) != 2:
     raise SystemExit('usage: length_extrapolation.py SWEEP_DIR [--splits=a,b] [--checkpoint=last]')
   sweep_dir = argv[1]
+  # The tables are the output; library INFO records (orbax's restores) would bury them.
+  run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
   try:
     runs, _ = results.load_runs(sweep_dir)
     for run in runs:
