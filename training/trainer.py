@@ -138,9 +138,13 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
       say(f'moved the damaged checkpoint of step {damaged} to {aside}')
     multihost_utils.sync_global_devices('damaged checkpoints set aside')
 
-  dropout_key = jax.random.PRNGKey(config.train.seed + 1)
+  # An argument of the compiled step, not a constant inside it: runs that differ only in seed
+  # then share one compiled program (and the persistent compilation cache).
+  # Made by a jitted call, so that every process holds its replica (as with the state).
+  dropout_key = jax.jit(lambda: jax.random.PRNGKey(config.train.seed + 1),
+                        out_shardings=partitioning.replicated(mesh))()
 
-  def step_and_accumulate(state, window, batch):
+  def step_and_accumulate(state, window, batch, dropout_key):
     state, metrics = train_state.train_step(state, batch, model=model, tx=tx,
                                             label_smoothing=config.train.label_smoothing,
                                             dropout_key=dropout_key)
@@ -150,7 +154,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
 
   replicated = partitioning.replicated(mesh)
   jit_train_step = jax.jit(step_and_accumulate,
-                           in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh)),
+                           in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh),
+                                         replicated),
                            out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
   # Jitted, so every sum is its own buffer (the step donates them).
   new_window = jax.jit(train_state.empty_metrics_window, out_shardings=replicated)
@@ -224,7 +229,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         jax.block_until_ready(window)
       dispatch_start = time.perf_counter()
       state, window, step_done = jit_train_step(state, window,
-                                                partitioning.global_batch(local_batch, mesh))
+                                                partitioning.global_batch(local_batch, mesh), dropout_key)
       if new_shape:
         compile_seconds[shape] = time.perf_counter() - dispatch_start
         logging.info('train step compiled for batch shape %s in %.1f s (%d shapes so far)', shape,
