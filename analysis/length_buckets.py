@@ -14,7 +14,6 @@ Dimensions: B sentences, S source length, T target length, V vocabulary.
 
 import io
 import json
-import math
 import os
 
 from etils import epath
@@ -26,6 +25,7 @@ import numpy as np
 
 from data import datasets, pipeline
 from experiments import results, sweeps
+from model import losses
 from training import partitioning, trained_model, translating
 
 # Upper ends of the source-length buckets in words; longer sources form the last bucket.
@@ -34,31 +34,27 @@ BUCKET_ENDS = (5, 10, 15, 20)
 OUT_DIR = 'length_buckets'
 
 
-def bucket_names(ends=BUCKET_ENDS) -> list[str]:
+def bucket_names() -> list[str]:
   """'1-5', '6-10', ..., '21+'."""
-  starts = (1,) + tuple(end + 1 for end in ends)
-  return [f'{start}-{end}' for start, end in zip(starts, ends)] + [f'{starts[-1]}+']
-
-
-def bucket_index(word_counts, ends=BUCKET_ENDS) -> np.ndarray:
-  """[N] bucket of each source: i where ends[i-1] < words <= ends[i]."""
-  return np.searchsorted(ends, np.asarray(word_counts), side='left')
+  return translating.bucket_names(BUCKET_ENDS)
 
 
 def _sentence_nll(model):
   @jax.jit
   def nll(variables, batch):
     logits = model.apply(variables, batch['encoder_input_tokens'], batch['decoder_input_tokens'])  # [B, T, V]
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    target = jnp.take_along_axis(log_probs, batch['decoder_target_tokens'][..., None], axis=-1)[..., 0]  # [B, T]
+    _, token_nll = losses.token_losses(logits, batch['decoder_target_tokens'])  # [B, T] float32
     weights = batch['decoder_target_weights']
-    return -(target * weights).sum(-1), weights.sum(-1)  # [B], [B]
+    return (token_nll * weights).sum(-1), weights.sum(-1)  # [B], [B]
   return nll
 
 
-def sentence_losses(model, variables, batches: list[dict], count: int) -> tuple[np.ndarray, np.ndarray]:
-  """Teacher-forced NLL summed over each sentence's target tokens, and their count: [N] each."""
-  nll_of = _sentence_nll(model)
+def sentence_losses(nll_of, variables, batches: list[dict], count: int) -> tuple[np.ndarray, np.ndarray]:
+  """Teacher-forced NLL summed over each sentence's target tokens, and their count: [N] each.
+
+  Args:
+    nll_of: `_sentence_nll(model)`, compiled once per model and batch shape.
+  """
   nll, tokens = np.zeros(count), np.zeros(count)
   for batch in batches:
     inputs = {key: value for key, value in batch.items() if key != 'example_index'}
@@ -70,11 +66,11 @@ def sentence_losses(model, variables, batches: list[dict], count: int) -> tuple[
 
 
 def bucket_scores(sources: list[str], hypotheses: list[str], references: list[str],
-                  nll: np.ndarray, tokens: np.ndarray, ends=BUCKET_ENDS) -> list[dict]:
+                  nll: np.ndarray, tokens: np.ndarray) -> list[dict]:
   """Per bucket: sentences, target tokens, loss per token and BLEU (None for an empty bucket)."""
-  index = bucket_index([len(source.split()) for source in sources], ends)
+  index = translating.source_buckets(sources, BUCKET_ENDS)
   rows = []
-  for i, name in enumerate(bucket_names(ends)):
+  for i, name in enumerate(bucket_names()):
     members = np.flatnonzero(index == i)
     rows.append({
         'source_words': name, 'sentences': len(members), 'target_tokens': int(tokens[members].sum()),
@@ -87,17 +83,20 @@ def bucket_scores(sources: list[str], hypotheses: list[str], references: list[st
 def score_run(workdir: str, splits: list[str], checkpoint: str = 'last') -> dict[str, list[dict]]:
   """Scores a trained run on whole `splits` by source length; writes RUN/length_buckets/<split>.json."""
   mesh = partitioning.make_mesh()
+  run = trained_model.restore(workdir, None, checkpoint, mesh)
+  for split in splits:  # every split named checked before any work
+    datasets.check_split(run.config.data.dataset, split)
+  nll_of = _sentence_nll(run.model)
+  out = epath.Path(workdir) / OUT_DIR
+  out.mkdir(parents=True, exist_ok=True)
   scored = {}
   for split in splits:
-    run = trained_model.restore(workdir, split, checkpoint, mesh)
     batches = pipeline.make_eval_batches(run.config.data, run.tokenizer, split,
                                          run.config.data.eval_batch_size)
     text = datasets.load_split_text(run.config.data, split)
-    nll, tokens = sentence_losses(run.model, run.variables, batches, len(text.source))
+    nll, tokens = sentence_losses(nll_of, run.variables, batches, len(text.source))
     hypotheses, _ = translating.SplitTranslator(run.model, run.tokenizer, batches, mesh)(run.variables)
     scored[split] = bucket_scores(text.source, hypotheses, text.reference, nll, tokens)
-    out = epath.Path(workdir) / OUT_DIR
-    out.mkdir(parents=True, exist_ok=True)
     (out / f'{split}.json').write_text(json.dumps({
         'split': split, 'checkpoint': checkpoint, 'checkpoint_steps': run.steps, 'decoding': 'greedy',
         'train_max_source_words': run.config.data.train_max_source_words, 'buckets': scored[split]},
@@ -130,21 +129,17 @@ def summarise(sweep_dir: str, split: str) -> list[dict]:
 
 def markdown(groups: list[dict], metric: str, spec: str) -> str:
   """A table: one row per group, one column per bucket, 'mean ± std'."""
-  names = bucket_names()
-  header = ['run', 'seeds', *names]
+  header = ['run', 'seeds', *bucket_names()]
   rows = [[', '.join(f'{key.rsplit(".", 1)[-1]}={value}' for key, value in group['values'].items()),
            str(group['seeds']),
-           *('–' if b[metric] is None else (f'{b[metric]:{spec}}' if b[f'{metric}_std'] is None
-                                             else f'{b[metric]:{spec}} ± {b[f"{metric}_std"]:{spec}}')
+           *(results.MISSING if b[metric] is None else results.spread_text(b[metric], b[f'{metric}_std'], spec)
              for b in group['buckets'])] for group in groups]
   sentences = ['sentences', '', *(str(b['sentences']) for b in groups[0]['buckets'])]
-  lines = [header, ['---'] * len(header), *rows, sentences]
-  return '\n'.join('| ' + ' | '.join(cells) + ' |' for cells in lines) + '\n'
+  return results.markdown(header, [*rows, sentences])
 
 
 def plot(groups: list[dict], split: str, path: str) -> None:
   """BLEU and loss per token against source length, mean ± std per group, trained range shaded."""
-  names = bucket_names()
   figure = Figure(figsize=(11, 4), layout='constrained')
   axes = figure.subplots(1, 2)
   trained = groups[0]['trained_words']
@@ -162,7 +157,7 @@ def plot(groups: list[dict], split: str, path: str) -> None:
       label = ', '.join(f'{value}' for value in group['values'].values()) + f' ({group["seeds"]} seeds)'
       ax.plot(xs, ys, marker='o', color=color, label=label)
       ax.fill_between(xs, ys - stds, ys + stds, color=color, alpha=0.2, linewidth=0)
-    ax.set_xticks(range(len(names)), names)
+    ax.set_xticks(range(len(BUCKET_ENDS) + 1), bucket_names())
     ax.set_xlabel(f'source length in words ({split})')
     ax.set_ylabel(f'{axis_label}, mean ± std over seeds')
     ax.grid(alpha=0.3)

@@ -207,12 +207,16 @@ def mean_and_std(values: list[float]) -> tuple[float, float | None]:
   return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
+def spread_text(mean: float, std: float | None, spec: str) -> str:
+  """'4.415 ± 0.026', or the mean alone where there is no spread."""
+  return format(mean, spec) if std is None else f'{mean:{spec}} ± {std:{spec}}'
+
+
 def _spread_text(values: list[float], spec: str, size: int) -> str:
   if not values:
     return MISSING
-  mean, std = mean_and_std(values)
   spec = '.0f' if spec == 'd' else spec  # the mean of steps is no integer
-  text = format(mean, spec) if std is None else f'{mean:{spec}} ± {std:{spec}}'
+  text = spread_text(*mean_and_std(values), spec)
   # Fewer values than seeds (a diverged or unfinished seed has none): say over how many.
   return text if len(values) == size else f'{text} (n={len(values)})'
 

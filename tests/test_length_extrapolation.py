@@ -14,7 +14,7 @@ from analysis import length_buckets
 from configs import smoke
 from data import datasets
 from experiments import sweeps
-from training import trainer
+from training import trainer, translating
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,8 @@ def short_run(tmp_path_factory, data_cache):
 
 def test_bucket_boundaries():
   assert length_buckets.bucket_names() == ['1-5', '6-10', '11-15', '16-20', '21+']
-  np.testing.assert_array_equal(length_buckets.bucket_index([1, 5, 6, 10, 11, 20, 21, 40]),
+  sources = [' '.join(['w'] * words) for words in (1, 5, 6, 10, 11, 20, 21, 40)]
+  np.testing.assert_array_equal(translating.source_buckets(sources, length_buckets.BUCKET_ENDS),
                                 [0, 0, 1, 1, 2, 3, 4, 4])
 
 

@@ -109,13 +109,22 @@ def tokenize_like_references(lines: list[str], data_config) -> list[str]:
                              return_str=True).lower() for line in lines]
 
 
+def bucket_names(ends=BUCKET_ENDS) -> list[str]:
+  """Names of the source-length buckets with upper ends `ends`: '1-10', '11-20', ..., '41+'."""
+  starts = (1,) + tuple(end + 1 for end in ends)
+  return [f'{start}-{end}' for start, end in zip(starts, ends)] + [f'{starts[-1]}+']
+
+
+def source_buckets(sources: list[str], ends=BUCKET_ENDS) -> np.ndarray:
+  """[N] bucket of each source by its whitespace-separated words: i where ends[i-1] < words <= ends[i]."""
+  return np.searchsorted(ends, [len(source.split()) for source in sources])
+
+
 def length_buckets(sources: list[str], hypotheses: list[str], references: list[str]) -> list[dict]:
   """Count and detokenised BLEU (None when empty) of each source-length bucket, in words."""
-  starts = (1,) + tuple(end + 1 for end in BUCKET_ENDS)
-  names = [f'{start}-{end}' for start, end in zip(starts, BUCKET_ENDS)] + [f'{starts[-1]}+']
-  bucket_of = np.searchsorted(BUCKET_ENDS, [len(source.split()) for source in sources])
+  bucket_of = source_buckets(sources)
   buckets = []
-  for i, name in enumerate(names):
+  for i, name in enumerate(bucket_names()):
     members = np.flatnonzero(bucket_of == i)
     hyps, refs = [hypotheses[j] for j in members], [references[j] for j in members]
     buckets.append({'source_words': name, 'count': len(hyps), 'bleu': bleu(hyps, refs) if hyps else None})
