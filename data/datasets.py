@@ -3,9 +3,10 @@
 Prepared data lives under `<cache_dir>/tfds/<source fingerprint>` (cache_dir from
 config.data, by default ~/.cache/seq2seq_lab): the first use reads and checks the
 raw files and writes ArrayRecord files, later uses only read them. The fingerprint
-(`source_fingerprint`) covers every raw file's name, size and modification time, so
-other or edited raw files are prepared afresh instead of meeting stale data; the
-tokenizer and token-id caches carry it too.
+(`source_fingerprint`) covers every raw file's name and bytes, so other or edited raw
+files are prepared afresh instead of meeting stale data, while the same files copied,
+re-extracted or touched (new modification times) keep their prepared data and let a run
+resume; the tokenizer and token-id caches carry it too.
 """
 
 import contextlib
@@ -53,8 +54,10 @@ def source_fingerprint(data_config) -> str:
   """12 hex digits identifying the raw files prepared data is made from.
 
   A hash of the dataset, builder config and builder version and, for every file under the
-  source folder, its relative name, size and modification time (a download, which has no
-  folder before it runs, is 'download'). Stat calls only: cheap enough for every start.
+  source folder, its relative name and the sha256 of its bytes (a download, which has no folder
+  before it runs, is 'download'). Content, not modification times: a data folder copied to
+  another machine or restored from an archive is the same data. A process reads each file once
+  per (size, modification time) it sees (~0.01 s for Multi30k's 2.8 MB; about a second per GB).
 
   Raises:
     sources.MissingSourceError: config.data.source_dir names a folder that does not exist.
@@ -63,10 +66,19 @@ def source_fingerprint(data_config) -> str:
   folder = sources.resolve_source_dir(data_config.source_dir, data_config.dataset)
   files = 'download'
   if folder is not None:
-    files = sorted((str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns)
+    files = sorted((str(path.relative_to(folder)), _file_digest(str(path), path.stat().st_size,
+                                                                 path.stat().st_mtime_ns))
                    for path in folder.rglob('*') if path.is_file())
   key = [data_config.dataset, data_config.dataset_config, str(cls.VERSION), files]
   return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
+
+
+@functools.cache
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+  """sha256 of a file's bytes. Size and mtime only key the cache: a rewritten file is read again."""
+  del size, mtime_ns
+  with open(path, 'rb') as file:
+    return hashlib.file_digest(file, 'sha256').hexdigest()
 
 
 def builder_class(dataset: str) -> type[builder.ParallelTextBuilder]:

@@ -1,6 +1,8 @@
 """Every bad input gives one clear, one-line error before any data is written."""
 
 import gzip
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -130,6 +132,27 @@ def test_truncated_gzip_names_the_file(tmp_path):
   path.write_bytes(path.read_bytes()[:-40])
   message = _prepare_error(tmp_path, source, sources.SourceError)
   assert str(path) in message and 'not a complete gzip file' in message
+
+
+def test_copied_or_touched_source_files_keep_their_fingerprint(tmp_path):
+  """The same bytes under new modification times (a copy, a re-extracted archive) are the same data:
+  prepared data is reused and a run may resume. Same-size edits still change the fingerprint."""
+  source = data_fixtures.write_multi30k(tmp_path / 'multi30k')
+  config = data_fixtures.data_config(source_dir=str(source), cache_dir=str(tmp_path / 'cache'))
+  before = datasets.source_fingerprint(config)
+
+  copy = tmp_path / 'copy' / 'multi30k'
+  shutil.copytree(source, copy, copy_function=shutil.copyfile)  # new modification times
+  config.source_dir = str(copy)
+  assert datasets.source_fingerprint(config) == before
+  path = copy / 'raw' / 'val.en.gz'
+  os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+  assert datasets.source_fingerprint(config) == before
+
+  data = bytearray(path.read_bytes())
+  data[-1] ^= 1  # same size, one bit different
+  path.write_bytes(bytes(data))
+  assert datasets.source_fingerprint(config) != before
 
 
 def test_edited_or_other_source_files_are_prepared_afresh(tmp_path):
