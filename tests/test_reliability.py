@@ -112,6 +112,16 @@ def test_resume_on_changed_raw_files_is_refused(tmp_path):
     run_dir.check_source(str(tmp_path), 'bbbbbbbbbbbb')
 
 
+def test_a_run_with_the_older_fingerprint_is_told_how_to_resume(tmp_path):
+  """source.json of before content fingerprints: a mismatch may be a mere copy of the same files."""
+  (tmp_path / 'source.json').write_text(json.dumps({'fingerprint': 'aaaaaaaaaaaa'}))
+  run_dir.check_source(str(tmp_path), 'aaaaaaaaaaaa')
+  with pytest.raises(run_dir.RunFolderError, match='older fingerprint .* delete that file to resume'):
+    run_dir.check_source(str(tmp_path), 'bbbbbbbbbbbb')
+  (tmp_path / 'source.json').unlink()
+  run_dir.check_source(str(tmp_path), 'bbbbbbbbbbbb')
+
+
 # orbax's abandoned reads of the damaged files are reported by Python at garbage collection.
 @pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(reference_run, tmp_path, capsys):

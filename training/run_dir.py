@@ -162,6 +162,11 @@ def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   _write_json(workdir, CONFIG_FILE, resolved_config(config))
 
 
+# What source.json's fingerprint is of; a record without it is of names, sizes and modification
+# times (before 2026-11-24), which a copied or re-extracted data folder changes.
+SOURCE_FINGERPRINT_COVERS = 'names and contents'
+
+
 def check_source(workdir: str, fingerprint: str) -> None:
   """Refuses to resume on other raw data files than the run started with (data.source_fingerprint).
 
@@ -169,17 +174,22 @@ def check_source(workdir: str, fingerprint: str) -> None:
   A run started before source.json existed is accepted.
   """
   try:
-    started_with = json.loads(path(workdir, SOURCE_FILE).read_text(encoding='utf-8'))['fingerprint']
+    started = json.loads(path(workdir, SOURCE_FILE).read_text(encoding='utf-8'))
   except FileNotFoundError:
     return
-  if started_with != fingerprint:
-    raise RunFolderError(f'the raw data files of {workdir} changed since the run started (fingerprint '
-                         f'{started_with}, now {fingerprint}): the run cannot resume on other data; '
-                         'use a new --workdir or restore the files')
+  if started['fingerprint'] == fingerprint:
+    return
+  if started.get('covers') != SOURCE_FINGERPRINT_COVERS:
+    raise RunFolderError(f'{path(workdir, SOURCE_FILE)} holds the older fingerprint of raw file names, '
+                         'sizes and modification times, which copying or re-extracting the data changes: '
+                         'if the raw files are the ones the run started with, delete that file to resume')
+  raise RunFolderError(f'the raw data files of {workdir} changed since the run started (fingerprint '
+                       f'{started["fingerprint"]}, now {fingerprint}): the run cannot resume on other '
+                       'data; use a new --workdir or restore the files')
 
 
 def write_source(workdir: str, fingerprint: str) -> None:
-  _write_json(workdir, SOURCE_FILE, {'fingerprint': fingerprint})
+  _write_json(workdir, SOURCE_FILE, {'fingerprint': fingerprint, 'covers': SOURCE_FINGERPRINT_COVERS})
 
 
 class RunLock:
