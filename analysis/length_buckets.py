@@ -7,7 +7,9 @@ splits, bucketed by the source's word count (whitespace-separated, as the traini
   - BLEU: detokenised corpus BLEU (sacreBLEU defaults) of the bucket's greedy hypotheses.
 Each run gets RUN/length_buckets/<split>.json; `summarise` groups a sweep's runs that differ only
 in seed and gives each bucket's mean and sample standard deviation, and `plot` draws them against
-source length with the trained range shaded.
+source length with the trained range shaded. Long sentences are harder whatever a model was trained
+on, so a sweep of the same models trained on all lengths is the reference: `gaps` gives each
+bucket's mean minus the reference's, the part of the loss (or BLEU) that is failure to extrapolate.
 
 Dimensions: B sentences, S source length, T target length, V vocabulary.
 """
@@ -138,13 +140,44 @@ def markdown(groups: list[dict], metric: str, spec: str) -> str:
   return results.markdown(header, [*rows, sentences])
 
 
-def plot(groups: list[dict], split: str, path: str) -> None:
-  """BLEU and loss per token against source length, mean ± std per group, trained range shaded."""
+def _key(values: dict) -> str:
+  return json.dumps(values, sort_keys=True)
+
+
+def gaps(groups: list[dict], reference: list[dict], metric: str) -> list[dict]:
+  """Per group that the reference sweep has too (same swept values): per bucket, the group's mean
+  `metric` minus the reference group's (None where either has no value), and both seed counts."""
+  reference_of = {_key(group['values']): group for group in reference}
+  rows = []
+  for group in groups:
+    other = reference_of.get(_key(group['values']))
+    if other is None:
+      continue
+    rows.append({'values': group['values'], 'seeds': group['seeds'], 'reference_seeds': other['seeds'],
+                 'gaps': [None if mine[metric] is None or theirs[metric] is None else mine[metric] - theirs[metric]
+                          for mine, theirs in zip(group['buckets'], other['buckets'])]})
+  return rows
+
+
+def gap_markdown(rows: list[dict], spec: str) -> str:
+  """A table: one row per group, its seeds and the reference's, then the gap per bucket."""
+  header = ['run', 'seeds', 'reference seeds', *bucket_names()]
+  return results.markdown(header, [
+      [', '.join(f'{key.rsplit(".", 1)[-1]}={value}' for key, value in row['values'].items()),
+       str(row['seeds']), str(row['reference_seeds']),
+       *(results.MISSING if gap is None else format(gap, '+' + spec) for gap in row['gaps'])]
+      for row in rows])
+
+
+def plot(groups: list[dict], split: str, path: str, reference: list[dict] = ()) -> None:
+  """BLEU and loss per token against source length, mean ± std per group, trained range shaded;
+  the reference sweep's matching groups dashed, in their group's colour."""
   figure = Figure(figsize=(11, 4), layout='constrained')
   axes = figure.subplots(1, 2)
   trained = groups[0]['trained_words']
   # Buckets wholly inside the trained range: their upper end is at most k words.
   inside = sum(1 for end in BUCKET_ENDS if trained and end <= trained)
+  reference_of = {_key(group['values']): group for group in reference}
   for ax, (metric, axis_label) in zip(axes, (('bleu', 'BLEU (greedy)'),
                                              ('loss_per_token', 'loss per target token'))):
     if inside:
@@ -157,6 +190,11 @@ def plot(groups: list[dict], split: str, path: str) -> None:
       label = ', '.join(f'{value}' for value in group['values'].values()) + f' ({group["seeds"]} seeds)'
       ax.plot(xs, ys, marker='o', color=color, label=label)
       ax.fill_between(xs, ys - stds, ys + stds, color=color, alpha=0.2, linewidth=0)
+      other = reference_of.get(_key(group['values']))
+      if other is not None:
+        xs = [x for x, b in enumerate(other['buckets']) if b[metric] is not None]
+        ax.plot(xs, [other['buckets'][x][metric] for x in xs], linestyle='--', color=color,
+                label=f'{label.rsplit(" (", 1)[0]}, all lengths ({other["seeds"]} seeds)')
     ax.set_xticks(range(len(BUCKET_ENDS) + 1), bucket_names())
     ax.set_xlabel(f'source length in words ({split})')
     ax.set_ylabel(f'{axis_label}, mean ± std over seeds')
@@ -167,19 +205,33 @@ def plot(groups: list[dict], split: str, path: str) -> None:
   epath.Path(path).write_bytes(image.getvalue())
 
 
-def write_summary(sweep_dir: str, splits: list[str], out_dir: str) -> list[str]:
-  """length_extrapolation.md and one PNG per split in `out_dir`; returns the paths written."""
+def write_summary(sweep_dir: str, splits: list[str], out_dir: str, reference_dir: str | None = None) -> list[str]:
+  """length_extrapolation.md and one PNG per split in `out_dir`; returns the paths written.
+
+  Args:
+    reference_dir: a sweep of the same models trained on all lengths: adds each bucket's gap to it.
+  """
   lines, written = [f'# Length extrapolation: {sweep_dir}', ''], []
   for split in splits:
     groups = summarise(sweep_dir, split)
     if not groups:
       raise ValueError(f'{sweep_dir}: no run has {OUT_DIR}/{split}.json; score the runs first')
+    reference = summarise(reference_dir, split) if reference_dir else []
+    if reference_dir and not gaps(groups, reference, 'loss_per_token'):
+      raise ValueError(f'reference {reference_dir}: none of its scored runs ({split}) has the swept values '
+                       f'of a run of {sweep_dir}')
     image = os.path.join(out_dir, f'length_{split}.png')
-    plot(groups, split, image)
+    plot(groups, split, image, reference)
     written.append(image)
     lines += [f'## {split}: BLEU (greedy) by source words, mean ± sample std over seeds', '',
               markdown(groups, 'bleu', '.2f'), f'## {split}: loss per target token', '',
-              markdown(groups, 'loss_per_token', '.3f'), f'![{split}](length_{split}.png)', '']
+              markdown(groups, 'loss_per_token', '.3f')]
+    if reference_dir:
+      lines += [f'## {split}: gap to the same model trained on all lengths ({reference_dir}), '
+                'difference of means', '', 'Loss per target token:', '',
+                gap_markdown(gaps(groups, reference, 'loss_per_token'), '.3f'), 'BLEU (greedy):', '',
+                gap_markdown(gaps(groups, reference, 'bleu'), '.2f')]
+    lines += [f'![{split}](length_{split}.png)', '']
   path = os.path.join(out_dir, 'length_extrapolation.md')
   epath.Path(path).write_text('\n'.join(lines))
   return [path, *written]

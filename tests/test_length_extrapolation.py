@@ -54,25 +54,33 @@ def test_buckets_partition_the_split_and_their_losses_average_to_the_validation_
   assert saved['train_max_source_words'] == 8 and saved['buckets'] == scored
 
 
+def _fake_sweep(run_dir: Path, sweep_dir: Path, position: str, shifts: list[tuple[float, float]]) -> None:
+  """A sweep of copies of one scored run, seed s with every bucket's (BLEU, loss) moved by shifts[s]."""
+  names = [f'position={position},seed={seed}' for seed in range(len(shifts))]
+  for seed, (name, (bleu, loss)) in enumerate(zip(names, shifts)):
+    shutil.copytree(run_dir, sweep_dir / name)
+    config = json.loads((sweep_dir / name / 'config.json').read_text())
+    config['model']['position'], config['train']['seed'] = position, seed
+    (sweep_dir / name / 'config.json').write_text(json.dumps(config))
+    scored = sweep_dir / name / length_buckets.OUT_DIR / 'validation.json'
+    record = json.loads(scored.read_text())
+    for bucket in record['buckets']:
+      bucket['bleu'] += bleu
+      bucket['loss_per_token'] += loss
+    scored.write_text(json.dumps(record))
+  (sweep_dir / sweeps.SWEEP_FILE).write_text(json.dumps({
+      'config': 'configs/sweeps/length_extrapolation.py', 'extra_args': [],
+      'fields': ['model.position', 'train.seed'],
+      'runs': [{'name': name, 'overrides': {'model.position': position, 'train.seed': seed}}
+               for seed, name in enumerate(names)]}))
+
+
 def test_summary_over_seeds_gives_mean_and_spread_per_bucket(short_run, tmp_path):
   workdir, _ = short_run
   length_buckets.score_run(str(workdir), ['validation'])
   sweep_dir = tmp_path / 'sweep'
-  names = ['position=sinusoidal,seed=0', 'position=sinusoidal,seed=1']
-  for name in names:
-    shutil.copytree(workdir, sweep_dir / name)
   # The second "seed" scores 1 BLEU and 0.5 nats higher in every bucket.
-  second = sweep_dir / names[1] / length_buckets.OUT_DIR / 'validation.json'
-  record = json.loads(second.read_text())
-  for bucket in record['buckets']:
-    bucket['bleu'] += 1.0
-    bucket['loss_per_token'] += 0.5
-  second.write_text(json.dumps(record))
-  (sweep_dir / sweeps.SWEEP_FILE).write_text(json.dumps({
-      'config': 'configs/sweeps/length_extrapolation.py', 'extra_args': [],
-      'fields': ['model.position', 'train.seed'],
-      'runs': [{'name': name, 'overrides': {'model.position': 'sinusoidal', 'train.seed': seed}}
-               for seed, name in enumerate(names)]}))
+  _fake_sweep(workdir, sweep_dir, 'sinusoidal', [(0.0, 0.0), (1.0, 0.5)])
   [group] = length_buckets.summarise(str(sweep_dir), 'validation')
   first = json.loads((workdir / length_buckets.OUT_DIR / 'validation.json').read_text())['buckets']
   assert group['values'] == {'model.position': 'sinusoidal'} and group['seeds'] == 2
@@ -87,3 +95,36 @@ def test_summary_over_seeds_gives_mean_and_spread_per_bucket(short_run, tmp_path
   markdown = (sweep_dir / 'length_extrapolation.md').read_text()
   assert '| position=sinusoidal | 2 |' in markdown
   assert (sweep_dir / 'length_validation.png').read_bytes()[:4] == b'\x89PNG'
+
+
+def test_gap_to_the_all_lengths_reference_is_the_difference_of_means(short_run, tmp_path):
+  workdir, _ = short_run
+  length_buckets.score_run(str(workdir), ['validation'])
+  short, reference = tmp_path / 'short', tmp_path / 'all_lengths'
+  _fake_sweep(workdir, short, 'sinusoidal', [(0.0, 0.0), (1.0, 0.5)])  # means: +0.5 BLEU, +0.25 nats
+  _fake_sweep(workdir, reference, 'sinusoidal', [(2.0, -0.3)])
+  groups = length_buckets.summarise(str(short), 'validation')
+  references = length_buckets.summarise(str(reference), 'validation')
+  [loss_row] = length_buckets.gaps(groups, references, 'loss_per_token')
+  [bleu_row] = length_buckets.gaps(groups, references, 'bleu')
+  assert (loss_row['seeds'], loss_row['reference_seeds']) == (2, 1)
+  present = [b['sentences'] > 0 for b in groups[0]['buckets']]
+  assert [gap is not None for gap in loss_row['gaps']] == present
+  assert [gap for gap in loss_row['gaps'] if gap is not None] == pytest.approx([0.55] * sum(present))
+  assert [gap for gap in bleu_row['gaps'] if gap is not None] == pytest.approx([-1.5] * sum(present))
+
+  command = [sys.executable, '-m', 'scripts.length_extrapolation', str(short), '--splits=validation']
+  result = subprocess.run([*command, f'--reference={reference}'], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  markdown = (short / 'length_extrapolation.md').read_text()
+  assert '| position=sinusoidal | 2 | 1 | +0.550 |' in markdown.replace(' | –', '')
+
+  other = tmp_path / 'other'
+  _fake_sweep(workdir, other, 'alibi', [(0.0, 0.0)])
+  result = subprocess.run([*command, f'--reference={other}'], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-1] == (
+      f'length_extrapolation.py: reference {other}: none of its scored runs (validation) has the swept '
+      f'values of a run of {short}')
