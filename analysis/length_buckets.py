@@ -129,10 +129,15 @@ def summarise(sweep_dir: str, split: str) -> list[dict]:
   return groups
 
 
+def _name(values: dict) -> str:
+  """'position=rope': the swept values, each field by its last name."""
+  return ', '.join(f'{key.rsplit(".", 1)[-1]}={value}' for key, value in values.items())
+
+
 def markdown(groups: list[dict], metric: str, spec: str) -> str:
   """A table: one row per group, one column per bucket, 'mean ± std'."""
   header = ['run', 'seeds', *bucket_names()]
-  rows = [[', '.join(f'{key.rsplit(".", 1)[-1]}={value}' for key, value in group['values'].items()),
+  rows = [[_name(group['values']),
            str(group['seeds']),
            *(results.MISSING if b[metric] is None else results.spread_text(b[metric], b[f'{metric}_std'], spec)
              for b in group['buckets'])] for group in groups]
@@ -163,7 +168,7 @@ def gap_markdown(rows: list[dict], spec: str) -> str:
   """A table: one row per group, its seeds and the reference's, then the gap per bucket."""
   header = ['run', 'seeds', 'reference seeds', *bucket_names()]
   return results.markdown(header, [
-      [', '.join(f'{key.rsplit(".", 1)[-1]}={value}' for key, value in row['values'].items()),
+      [_name(row['values']),
        str(row['seeds']), str(row['reference_seeds']),
        *(results.MISSING if gap is None else format(gap, '+' + spec) for gap in row['gaps'])]
       for row in rows])
