@@ -192,14 +192,14 @@ def plot(groups: list[dict], split: str, path: str, reference: list[dict] = ()) 
       ys = np.array([group['buckets'][x][metric] for x in xs])
       stds = np.array([group['buckets'][x][f'{metric}_std'] or 0.0 for x in xs])
       color = colormaps['tab10'](i % 10)
-      label = ', '.join(f'{value}' for value in group['values'].values()) + f' ({group["seeds"]} seeds)'
-      ax.plot(xs, ys, marker='o', color=color, label=label)
+      name = ', '.join(f'{value}' for value in group['values'].values())
+      ax.plot(xs, ys, marker='o', color=color, label=f'{name} ({group["seeds"]} seeds)')
       ax.fill_between(xs, ys - stds, ys + stds, color=color, alpha=0.2, linewidth=0)
       other = reference_of.get(_key(group['values']))
       if other is not None:
         xs = [x for x, b in enumerate(other['buckets']) if b[metric] is not None]
         ax.plot(xs, [other['buckets'][x][metric] for x in xs], linestyle='--', color=color,
-                label=f'{label.rsplit(" (", 1)[0]}, all lengths ({other["seeds"]} seeds)')
+                label=f'{name}, all lengths ({other["seeds"]} seeds)')
     ax.set_xticks(range(len(BUCKET_ENDS) + 1), bucket_names())
     ax.set_xlabel(f'source length in words ({split})')
     ax.set_ylabel(f'{axis_label}, mean ± std over seeds')
@@ -222,7 +222,8 @@ def write_summary(sweep_dir: str, splits: list[str], out_dir: str, reference_dir
     if not groups:
       raise ValueError(f'{sweep_dir}: no run has {OUT_DIR}/{split}.json; score the runs first')
     reference = summarise(reference_dir, split) if reference_dir else []
-    if reference_dir and not gaps(groups, reference, 'loss_per_token'):
+    loss_gaps, bleu_gaps = (gaps(groups, reference, metric) for metric in ('loss_per_token', 'bleu'))
+    if reference_dir and not loss_gaps:
       raise ValueError(f'reference {reference_dir}: none of its scored runs ({split}) has the swept values '
                        f'of a run of {sweep_dir}')
     image = os.path.join(out_dir, f'length_{split}.png')
@@ -234,8 +235,7 @@ def write_summary(sweep_dir: str, splits: list[str], out_dir: str, reference_dir
     if reference_dir:
       lines += [f'## {split}: gap to the same model trained on all lengths ({reference_dir}), '
                 'difference of means', '', 'Loss per target token:', '',
-                gap_markdown(gaps(groups, reference, 'loss_per_token'), '.3f'), 'BLEU (greedy):', '',
-                gap_markdown(gaps(groups, reference, 'bleu'), '.2f')]
+                gap_markdown(loss_gaps, '.3f'), 'BLEU (greedy):', '', gap_markdown(bleu_gaps, '.2f')]
     lines += [f'![{split}](length_{split}.png)', '']
   path = os.path.join(out_dir, 'length_extrapolation.md')
   epath.Path(path).write_text('\n'.join(lines))
