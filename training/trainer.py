@@ -144,10 +144,13 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
   dropout_key = jax.jit(lambda: jax.random.PRNGKey(config.train.seed + 1),
                         out_shardings=partitioning.replicated(mesh))()
 
+  microbatch_tokens = train_state.microbatch_tokens(config)
+
   def step_and_accumulate(state, window, batch, dropout_key):
     state, metrics = train_state.train_step(state, batch, model=model, tx=tx,
                                             label_smoothing=config.train.label_smoothing,
-                                            dropout_key=dropout_key)
+                                            dropout_key=dropout_key,
+                                            microbatch_tokens=microbatch_tokens)
     # The step number again, as an output of its own that is not donated to the next step: the
     # loop waits on it to stay at most one step ahead of the device.
     return state, train_state.accumulate_metrics(window, metrics, state.step), state.step + 0
@@ -165,7 +168,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
   step = int(state.step)
   writer = run_log.MetricsWriter(workdir, is_primary=is_primary, start_step=step)
   say(describe_data(config.data, train_iter, tokenizer))
-  say(describe_model(model, state.params, total_steps, latest))
+  say(describe_model(model, state.params, total_steps, latest, microbatch_tokens))
   earlier_evals = [record for record in writer.previous_records if 'eval_loss' in record]
   loss_watch = run_log.LossWatch(
       ceiling=config.train.divergence_loss_ceiling, growth=config.train.divergence_growth,
@@ -333,16 +336,19 @@ def describe_data(data_config, train_iter: pipeline.TrainIterator, tokenizer) ->
           f'{tokenizer.vocab_size:,}; cached in {datasets.cache_dir(data_config)}')
 
 
-def describe_model(model: Transformer, params, total_steps: int, resumed_from: int | None) -> str:
-  """The console's line about the model and the run's length."""
+def describe_model(model: Transformer, params, total_steps: int, resumed_from: int | None,
+                   microbatch_tokens: int = 0) -> str:
+  """The console's line about the model, how a step is computed and the run's length."""
   cfg = model.config
   parameters = sum(leaf.size for leaf in jax.tree.leaves(params))
   # Per target token of a training step on 32-token pairs (FLOPs grow with length).
   flops = flops_lib.train_step_flops(cfg, 1, 32, 32) / 32
   start = f'resuming at step {resumed_from}' if resumed_from is not None else 'starting'
+  slices = (f', each step in slices of ~{microbatch_tokens} tokens (train.microbatch_tokens)'
+            if microbatch_tokens else '')
   return (f'model: {cfg.num_encoder_layers}+{cfg.num_decoder_layers} layers, d_model {cfg.d_model}, '
-          f'{parameters / 1e6:.2f}M parameters, {flops / 1e6:.3g} MFLOP per target token to train; '
-          f'{start}, {total_steps} steps')
+          f'{parameters / 1e6:.2f}M parameters, {flops / 1e6:.3g} MFLOP per target token to train'
+          f'{slices}; {start}, {total_steps} steps')
 
 
 def describe_validation(step: int, metrics: dict, best: dict) -> str:

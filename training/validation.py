@@ -35,6 +35,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                      'set one of them to a positive number')
   if not 0.0 <= train.label_smoothing < 1.0:
     raise ValueError(f'config.train.label_smoothing={train.label_smoothing!r} must be in [0, 1)')
+  microbatch = train.microbatch_tokens
+  if microbatch is not None and (not isinstance(microbatch, int) or isinstance(microbatch, bool)
+                                 or microbatch < 0):
+    raise ValueError(f'config.train.microbatch_tokens={microbatch!r} must be None (by platform), 0 '
+                     '(the whole batch) or a positive number of tokens')
+  if microbatch and config.model.norm == 'batch':
+    raise ValueError(f'config.train.microbatch_tokens={microbatch} with config.model.norm=\'batch\': '
+                     'BatchNorm normalises over the whole batch; set microbatch_tokens=0')
   if config.data.max_tokens < config.data.max_length:
     raise ValueError(f'config.data.max_tokens={config.data.max_tokens} is smaller than '
                      f'config.data.max_length={config.data.max_length}: no long pair would fit a batch')
