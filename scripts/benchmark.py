@@ -88,7 +88,8 @@ def benchmark_training(config, vocab_size: int, batch_size: int, source_length: 
   batch = jax.device_put(synthetic_batch(batch_size, source_length, target_length, vocab_size))
   step_fn = jax.jit(functools.partial(
       train_state.train_step, model=model, tx=tx, label_smoothing=config.train.label_smoothing,
-      dropout_key=jax.random.PRNGKey(1)), donate_argnums=0)
+      dropout_key=jax.random.PRNGKey(1), microbatch_tokens=train_state.microbatch_tokens(config)),
+      donate_argnums=0)
   compiled, compile_seconds = _compiled(step_fn, state, batch)
   for _ in range(warmup):
     state, metrics = compiled(state, batch)

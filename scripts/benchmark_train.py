@@ -51,11 +51,16 @@ OUT = flags.DEFINE_string('out', None, 'Write the measurements here as JSON.')
 WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (default: a fresh temporary one).')
 PACK_LENGTH = flags.DEFINE_integer('pack_length', 0, 'config.data.pack_length: pack pairs into rows '
                                    'of this many tokens (0: one pair per row).')
+MICROBATCH_TOKENS = flags.DEFINE_integer('microbatch_tokens', None, 'config.train.microbatch_tokens: '
+                                         'compute each step in slices of this many tokens (0: the '
+                                         'whole batch; default: by platform, 512 on a CPU).')
 
 
-def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int = 0):
+def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int = 0,
+                  microbatch_tokens: int | None = None):
   config = multi30k.get_config('de_en')
   config.data.pack_length = pack_length
+  config.train.microbatch_tokens = microbatch_tokens
   for section, fields in RECIPES[recipe].items():
     config[section].update(fields)
   config.optim.schedule = 'inverse_sqrt'
@@ -103,11 +108,13 @@ def flops_per_target_token(config) -> float:
 
 def main(argv):
   del argv
-  config = recipe_config(RECIPE.value, STEPS.value, LOG_EVERY.value, PACK_LENGTH.value)
+  config = recipe_config(RECIPE.value, STEPS.value, LOG_EVERY.value, PACK_LENGTH.value,
+                         MICROBATCH_TOKENS.value)
   with tempfile.TemporaryDirectory() as scratch:
     report = measure(config, WORKDIR.value or scratch)
   report['recipe'] = RECIPE.value
   report['pack_length'] = PACK_LENGTH.value
+  report['microbatch_tokens'] = train_state.microbatch_tokens(config)
   report['matmul_flops_per_target_token'] = flops_per_target_token(config)
   report['model_gflops_per_sec'] = report['tokens_per_sec'] * report['matmul_flops_per_target_token'] / 1e9
   if jax.devices()[0].platform == 'cpu':
