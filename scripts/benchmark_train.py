@@ -28,6 +28,7 @@ import jax
 from configs import multi30k
 from data import pipeline, tokenizer as tokenizer_lib
 from model import flops
+from model.config import DTYPES
 from scripts.timing import cpu_matmul_gflops
 from training import command_line, train_state, trainer
 from training.run_dir import METRICS_FILE
@@ -54,11 +55,14 @@ PACK_LENGTH = flags.DEFINE_integer('pack_length', 0, 'config.data.pack_length: p
 MICROBATCH_TOKENS = flags.DEFINE_integer('microbatch_tokens', None, 'config.train.microbatch_tokens: '
                                          'compute each step in slices of this many tokens (0: the '
                                          'whole batch; default: by platform, 512 on a CPU).')
+DTYPE = flags.DEFINE_enum('dtype', 'float32', list(DTYPES), 'config.model.dtype: the compute dtype '
+                          '(params, logits, softmax, norm statistics and the loss stay float32).')
 
 
 def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int = 0,
-                  microbatch_tokens: int | None = None):
+                  microbatch_tokens: int | None = None, dtype: str = 'float32'):
   config = multi30k.get_config('de_en')
+  config.model.dtype = dtype
   config.data.pack_length = pack_length
   config.train.microbatch_tokens = microbatch_tokens
   for section, fields in RECIPES[recipe].items():
@@ -109,12 +113,13 @@ def flops_per_target_token(config) -> float:
 def main(argv):
   del argv
   config = recipe_config(RECIPE.value, STEPS.value, LOG_EVERY.value, PACK_LENGTH.value,
-                         MICROBATCH_TOKENS.value)
+                         MICROBATCH_TOKENS.value, DTYPE.value)
   with tempfile.TemporaryDirectory() as scratch:
     report = measure(config, WORKDIR.value or scratch)
   report['recipe'] = RECIPE.value
   report['pack_length'] = PACK_LENGTH.value
   report['microbatch_tokens'] = train_state.microbatch_tokens(config)
+  report['dtype'] = DTYPE.value
   report['matmul_flops_per_target_token'] = flops_per_target_token(config)
   report['model_gflops_per_sec'] = report['tokens_per_sec'] * report['matmul_flops_per_target_token'] / 1e9
   if jax.devices()[0].platform == 'cpu':
