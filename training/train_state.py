@@ -69,7 +69,8 @@ def packing_features(batch: dict) -> dict:
 
 # On a CPU a step's activations outgrow the last-level cache and stream from memory; computed in
 # slices of about this many padded tokens they stay in it, and the tiny and small Multi30k recipes
-# train 1.2-1.35x faster per step (docs/performance.md). Accelerators want the whole batch at once.
+# train 1.07-1.35x faster per step on the two CPU models measured (docs/performance.md; 512 was
+# at or near the best size on both). Accelerators want the whole batch at once.
 CPU_MICROBATCH_TOKENS = 512
 
 
