@@ -18,7 +18,7 @@ from --config; layer counts, config.model.norm_position and config.model.residua
 'none' needs no model change: flax's intercept_methods makes every norm module return its input
 (the configured norm's parameters exist but go unused), including the final norm of 'pre'.
 
-  python -m scripts.activation_stats --config=configs/multi30k.py --out=runs/analyses/activations.json
+  python -m scripts.activation_stats --config=configs/multi30k.py:de_en_small --out=runs/analyses/activations.json
 
 The JSON holds `settings`, the resolved `config`, and for each placement 'post', 'pre', 'none'
 and each of 'residual', 'no_residual':

@@ -1,7 +1,7 @@
 """Training and decoding speed of a config's model on fixed synthetic batches.
 
-  python -m scripts.benchmark --config=configs/multi30k.py --out=/tmp/bench.json
-  python -m scripts.benchmark --config=configs/multi30k.py --config.model.d_ff=512 \
+  python -m scripts.benchmark --config=configs/multi30k.py:de_en_small --out=/tmp/bench.json
+  python -m scripts.benchmark --config=configs/multi30k.py:de_en_small --config.model.d_ff=512 \
       --config.model.num_heads=8 --vocab_size=10000 --batch_size=256 --source_length=16 \
       --target_length=16 --out=/tmp/bench.json      # the shape scripts/benchmark_torch.py runs
 

@@ -4,7 +4,7 @@ The data fields come from --config (configs/base.py by default) and its override
 files come from config.data.source_dir, else $SEQ2SEQ_DATA_DIR/<dataset>, else a download;
 preparing the dataset and training the tokenizer on first use are timed apart from the pipeline.
 
-  python -m scripts.benchmark_data --config=configs/multi30k.py --config.data.max_tokens=4096 \
+  python -m scripts.benchmark_data --config=configs/multi30k.py:de_en_small --config.data.max_tokens=4096 \
       --num_batches=2000
 """
 

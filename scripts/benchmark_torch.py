@@ -3,7 +3,7 @@
   pip install torch==2.13.0     # benchmark-only; not in requirements.txt
   python -m scripts.benchmark_torch --out=/tmp/torch.json
 
-Same shape and work as `scripts/benchmark.py --config=configs/multi30k.py --config.model.d_ff=512
+Same shape and work as `scripts/benchmark.py --config=configs/multi30k.py:de_en_small --config.model.d_ff=512
 --config.model.num_heads=8 --config.model.dropout_rate=0.1 --vocab_size=10000`: 3+3 Post-LN layers,
 d_model 256, FFN 512, 8 heads, dropout 0.1, separate source and target embeddings (scaled by
 sqrt(d_model)) plus sinusoidal positions, an untied 10000-way output projection, label-smoothed

@@ -39,7 +39,7 @@ RECIPES = {
     'tiny': dict(model=dict(d_model=128, num_heads=4, d_ff=256, num_encoder_layers=4,
                             num_decoder_layers=4, dropout_rate=0.3),
                  optim=dict(learning_rate=5e-3, warmup_steps=2000)),
-    # The default De->En recipe's depth and width, with fairseq's FFN 512 and 8 heads.
+    # The `:de_en_small` recipe's depth and width, with fairseq's FFN 512 and 8 heads.
     'small': dict(model=dict(d_model=256, num_heads=8, d_ff=512, num_encoder_layers=3,
                              num_decoder_layers=3, dropout_rate=0.1),
                   optim=dict(learning_rate=5e-4, warmup_steps=4000)),
@@ -61,7 +61,7 @@ DTYPE = flags.DEFINE_enum('dtype', 'float32', list(DTYPES), 'config.model.dtype:
 
 def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int = 0,
                   microbatch_tokens: int | None = None, dtype: str = 'float32'):
-  config = multi30k.get_config('de_en')
+  config = multi30k.get_config('de_en_small')
   config.model.dtype = dtype
   config.data.pack_length = pack_length
   config.train.microbatch_tokens = microbatch_tokens

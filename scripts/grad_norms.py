@@ -17,7 +17,7 @@ function of the initialisation and the data alone. Every seed sees the same batc
 norm, initialiser and positions come from --config; the layer counts and
 config.model.norm_position are set here.
 
-  python -m scripts.grad_norms --config=configs/multi30k.py --out=runs/analyses/grad_norms.json
+  python -m scripts.grad_norms --config=configs/multi30k.py:de_en_small --out=runs/analyses/grad_norms.json
 
 Cost: one compilation per placement and depth, and a gradient per seed, placement and depth.
 

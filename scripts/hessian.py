@@ -17,7 +17,7 @@ norm, initialiser (config.model.kernel_init, Xavier by default) and positions co
 --config; the layer counts and config.model.norm_position are set here; the parameters are those
 of --seed.
 
-  python -m scripts.hessian --config=configs/multi30k.py --out=runs/analyses/hessian.json
+  python -m scripts.hessian --config=configs/multi30k.py:de_en_small --out=runs/analyses/hessian.json
 
 Cost: --lanczos_iterations x --num_probes products per placement, each over all pairs and worth
 about three gradients. On 2 idle CPU cores a product took about 25 s over 250 pairs and 58-100 s

@@ -17,7 +17,7 @@ the model's apply_rope.
 Widths come from --config: the sinusoidal table has config.model.d_model features, RoPE acts on
 heads of config.model.d_model / config.model.num_heads. No data is read.
 
-  python -m scripts.position_probe --config=configs/multi30k.py --out=runs/analyses/positions.json
+  python -m scripts.position_probe --config=configs/multi30k.py:de_en_small --out=runs/analyses/positions.json
 
 The JSON holds `settings`, the resolved `config`, and
   'sinusoidal': {'d_model', 'distances' [K], 'dot_product' [K] p_0 . p_k / (D/2),

@@ -17,6 +17,7 @@ CONFIGS = {
     'smoke': smoke.get_config,
     'multi30k:de_en': lambda: multi30k.get_config('de_en'),
     'multi30k:en_de': lambda: multi30k.get_config('en_de'),
+    'multi30k:de_en_small': lambda: multi30k.get_config('de_en_small'),
     'iwslt14:de_en': lambda: iwslt14.get_config('de_en'),
     **{f'sweeps/xiong2020:{preset}': functools.partial(xiong2020.get_config, preset)
        for preset in xiong2020.PRESETS},

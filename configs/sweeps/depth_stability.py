@@ -32,7 +32,7 @@ def _check(preset: str) -> None:
 
 def get_config(preset: str = 'cpu'):
   _check(preset)
-  config = multi30k.get_config('de_en')
+  config = multi30k.get_config('de_en_small')
   config.model.update(d_model=64, num_heads=4, d_ff=256, dropout_rate=0.1)
   # No warmup, a fixed rate: the placements must cope with the full step from step 1.
   config.optim.update(optimizer='adam', learning_rate=1e-3, schedule='constant', warmup_steps=0)

@@ -37,7 +37,7 @@ def _check(preset: str) -> None:
 
 def get_config(preset: str = 'cpu'):
   _check(preset)
-  config = multi30k.get_config('de_en')
+  config = multi30k.get_config('de_en_small')
   config.data.train_max_source_words = 10
   config.model.update(d_model=128, num_heads=4, d_ff=512, num_encoder_layers=3,
                       num_decoder_layers=3, dropout_rate=0.1, norm_position='pre')
