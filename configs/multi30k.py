@@ -49,6 +49,7 @@ def _de_en(config):
   config.train.update(num_steps=4800, eval_every=1200, checkpoint_every=200)
   # On De->En validation (beam 5, last checkpoint): tokenized BLEU 42.26 / 42.66 / 42.01 at length
   # penalty 0.6 / 1.0 / 1.4; averaging the last 3 or 5 checkpoints gained nothing (42.65, 42.54).
+  # The 1000-step small recipe reached 39.03 there; a small model trained for the hour is untried.
   config.eval.length_penalty = 1.0
 
 

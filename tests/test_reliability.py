@@ -256,7 +256,7 @@ def test_an_unknown_preset_is_one_short_line(tmp_path):
   assert result.returncode != 0
   assert result.stderr.strip().splitlines()[-1] == (
       'invalid command line: flag --config=configs/multi30k.py:xx: Error whilst parsing config file: '
-      "ValueError: configs/multi30k.py preset 'xx' is not one of: de_en, en_de")
+      "ValueError: configs/multi30k.py preset 'xx' is not one of: de_en, en_de, de_en_small")
   assert not (tmp_path / 'run').exists()
 
 
