@@ -16,8 +16,8 @@ Presets (after the colon; train.py accepts them too and trains the preset's base
   norm_cpu, position_cpu  the norm and position comparisons sized the same way: 3+3 layers,
             300 steps of 2048-token batches, warmup 100, dropout 0.1 (~12 min a run): 4 runs each.
 
-Sizing, the trade-off: configs/multi30k.py trains 1000 steps in about an hour on 2 CPU cores, too
-long for a grid on a CPU. The runs of the first four presets stop at 500 steps (~3.3 epochs), with
+Sizing, the trade-off: configs/multi30k.py:de_en_small, the model these runs build on, trains 1000
+steps in about an hour on 2 CPU cores, too long for a grid on a CPU. The runs of the first four presets stop at 500 steps (~3.3 epochs), with
 validation at 250 and 500 (the *_cpu presets are shorter still). That shows the early-training
 behaviour the paper is about: whether Post-LN without warmup fails to get going, whether Pre-LN
 trains at once, which norm, depth or position scheme learns fastest. It does not give converged
@@ -32,10 +32,10 @@ by 22 by step 500. For warmup 500 and 500 steps both schedules are the same.
 Depth and cost: Xiong et al. use 6+6 layers, and Post-LN's instability grows with depth (a 3+3
 Post-LN model may well train without warmup, which would say little), so the warmup preset uses
 6+6. A step then takes ~1.7x as long as with 3+3 (timed on a busy shared 2-core machine, so
-rough: 3+3 : 6+6 : 12+12 ~ 1 : 1.7 : 3.5; 3+3 is ~3.4 s quiet, per configs/multi30k.py). Per run,
+rough: 3+3 : 6+6 : 12+12 ~ 1 : 1.7 : 3.5; 3+3 is ~3.4 s quiet, per configs/multi30k.py:de_en_small). Per run,
 plus two validation passes: 3+3 ~30 min, 6+6 ~50 min, 12+12 ~1 h 40. Per preset: warmup ~12.5 h
 (~7.5 h with --config.model.num_encoder_layers=3 --config.model.num_decoder_layers=3), depth ~6 h,
-norm and position ~2 h each. The other presets keep multi30k's 3+3 and the depth preset varies it.
+norm and position ~2 h each. The other presets keep de_en_small's 3+3 and the depth preset varies it.
 
 SGD (momentum b1=0.9) needs a far larger rate than Adam; 0.1 is an untuned, conventional starting
 point. The SGD runs ask whether Post-LN's need for warmup is specific to Adam.
