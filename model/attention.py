@@ -3,12 +3,12 @@
 Dimensions: B batch, T query length, S key length, D model width, N heads, H head dim,
 C self-attention cache slots.
 
-The decoding caches are plain dict pytrees passed in and returned:
-  self-attention  {'key': [B, N, H, C], 'value': [B, N, C, H]}, filled one slot per step, laid
-  out as the step's two products read them (each key slot a column), so no step transposes
-  the whole cache: on CPU those transposes took 40% of a beam-search step;
-  cross-attention {'key': [B, S, N, H], 'value': [B, S, N, H]}, projected once per source
-  batch by `project_kv` and only read afterwards.
+The decoding caches are plain dict pytrees passed in and returned, laid out as a step's two
+products read them (each key slot a column), so no step transposes a whole cache: on CPU those
+transposes took 40% of a beam-search step:
+  self-attention  {'key': [B, N, H, C], 'value': [B, N, C, H]}, filled one slot per step;
+  cross-attention {'key': [B, N, H, S], 'value': [B, N, S, H]}, projected once per source
+  batch by `project_source_cache` and only read afterwards.
 Attention logits and softmax are float32 whatever the compute dtype.
 """
 
@@ -147,6 +147,31 @@ class MultiHeadAttention(nn.Module):
       self.sow('intermediates', 'attention_weights', attention_weights(query, kv['key'], mask))
     return self._attend(query, kv['key'], kv['value'], mask, deterministic)
 
+  def project_source_cache(self, inputs: jnp.ndarray) -> Cache:
+    """Cross-attention keys [B, N, H, S] and values [B, N, S, H] of the encoder output
+    [B, S, D], in the layout `cross_step` reads: a loop-invariant transpose is not hoisted out
+    of the decoding loop, so the [B, S, N, H] layout cost two transposes per layer and step."""
+    kv = self.project_kv(inputs)  # 2 x [B, S, N, H]
+    return {'key': kv['key'].transpose(0, 2, 3, 1), 'value': kv['value'].transpose(0, 2, 1, 3)}
+
+  def _cached_attention(self, query, cache: Cache, mask, bias=None):
+    """`xla_attention`'s products over a decoding cache's layout: query [B, T, N, H], keys
+    [B, N, H, C], values [B, N, C, H], mask and bias broadcastable to [B, N, T, C]."""
+    query = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
+    logits = jnp.einsum('BTNH,BNHC->BNTC', query, cache['key'],
+                        preferred_element_type=jnp.float32)  # [B, N, T, C]
+    if bias is not None:
+      logits = logits + bias
+    probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
+    value = cache['value']
+    attended = jnp.einsum('BNTC,BNCH->BTNH', probs.astype(value.dtype), value)  # [B, T, N, H]
+    return self.out(attended)  # [B, T, D]
+
+  def cross_step(self, x, source_cache: Cache, mask):
+    """Attention of x [B, T, D] (a sentence's hypotheses as its T queries) to one source batch's
+    `project_source_cache` under `mask` [B, 1, 1, S], whatever `impl` the full passes use."""
+    return self._cached_attention(self.query(x), source_cache, mask)
+
   def decode_step(self, x, cache: Cache, position_index) -> tuple[jnp.ndarray, Cache]:
     """Self-attention of one new token x [B, 1, D] at `position_index` over the cache.
 
@@ -165,14 +190,12 @@ class MultiHeadAttention(nn.Module):
     value = jax.lax.dynamic_update_slice_in_dim(
         cache['value'], new['value'].transpose(0, 2, 1, 3).astype(cache['value'].dtype),
         position_index, axis=2)  # [B, N, C, H]
-    query = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
-    logits = jnp.einsum('BTNH,BNHC->BNTC', query, key, preferred_element_type=jnp.float32)  # [B, N, 1, C]
+    bias = None
     if self.linear_bias:  # slot c holds position c
-      logits = logits + position.alibi_bias(positions[:1], jnp.arange(key.shape[-1])[None], self.num_heads)
+      bias = position.alibi_bias(positions[:1], jnp.arange(key.shape[-1])[None], self.num_heads)
     mask = masks_lib.cached_step_mask(position_index, key.shape[-1])  # [1, 1, 1, C]
-    probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
-    attended = jnp.einsum('BNTC,BNCH->BTNH', probs.astype(value.dtype), value)  # [B, 1, N, H]
-    return self.out(attended), {'key': key, 'value': value}
+    cache = {'key': key, 'value': value}
+    return self._cached_attention(query, cache, mask, bias), cache
 
   def empty_cache(self, batch_size: int, length: int) -> Cache:
     """Zero self-attention cache of `length` slots."""

@@ -193,13 +193,14 @@ class DecoderLayer(_Layer):
     self.cross_attention = self.make_attention(False, 'cross_attention')
     self.cross_attention_norms = self.make_norms('cross_attention_norm')
 
-  def project_cross_kv(self, encoded) -> Cache:
-    """Cross-attention keys/values of the encoder output [B, S, D], computed once per source."""
-    return self.cross_attention.project_kv(encoded)
+  def project_source_cache(self, encoded) -> Cache:
+    """Cross-attention keys/values of the encoder output [B, S, D] for decoding, computed once
+    per source batch."""
+    return self.cross_attention.project_source_cache(encoded)
 
-  def _cross_and_ffn(self, x, cross_kv, cross_mask, token_mask, train):
-    attend = lambda h: (self.cross_attention.cross(h, cross_kv, cross_mask, deterministic=not train), None)
-    x, _ = self.connect(x, attend, self.cross_attention_norms, token_mask, train)
+  def _cross_and_ffn(self, x, attend_source, token_mask, train):
+    x, _ = self.connect(x, lambda h: (attend_source(h), None), self.cross_attention_norms,
+                        token_mask, train)
     return self.feed_forward(x, token_mask, train)
 
   def __call__(self, x, encoded, token_mask, self_mask, cross_mask, positions, train: bool = False):
@@ -207,19 +208,24 @@ class DecoderLayer(_Layer):
     self_mask [B, 1, T, T]; cross_mask [B, 1, T, S]; positions [B, T]."""
     attend = lambda h: (self.self_attention(h, self_mask, positions, deterministic=not train), None)
     x, _ = self.connect(x, attend, self.self_attention_norms, token_mask, train)
-    return self._cross_and_ffn(x, self.project_cross_kv(encoded), cross_mask, token_mask, train)
+    cross_kv = self.cross_attention.project_kv(encoded)
+    attend_source = lambda h: self.cross_attention.cross(h, cross_kv, cross_mask,
+                                                          deterministic=not train)
+    return self._cross_and_ffn(x, attend_source, token_mask, train)
 
-  def decode_step(self, x, self_cache: Cache, cross_kv: Cache, cross_mask, position_index):
+  def decode_step(self, x, self_cache: Cache, source_cache: Cache, cross_mask, position_index):
     """One token per hypothesis x [R, 1, D] at `position_index`. Returns (x, new self cache).
 
-    cross_kv [B, S, N, H] and cross_mask [B, 1, 1, S] have one row per sentence, R = B * K with
-    a sentence's K hypotheses adjacent: they attend as the K queries of their sentence's row.
+    source_cache (`project_source_cache`) and cross_mask [B, 1, 1, S] have one row per
+    sentence, R = B * K with a sentence's K hypotheses adjacent: they attend as the K queries
+    of their sentence's row.
     """
     attend = lambda h: self.self_attention.decode_step(h, self_cache, position_index)
     x, self_cache = self.connect(x, attend, self.self_attention_norms, None, False)
     rows, _, width = x.shape
     x = x.reshape(cross_mask.shape[0], -1, width)  # [R, 1, D] -> [B, K, D]
-    x = self._cross_and_ffn(x, cross_kv, cross_mask, None, False)
+    attend_source = lambda h: self.cross_attention.cross_step(h, source_cache, cross_mask)
+    x = self._cross_and_ffn(x, attend_source, None, False)
     return x.reshape(rows, 1, width), self_cache
 
   def empty_self_cache(self, batch_size: int, length: int) -> Cache:

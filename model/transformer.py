@@ -19,7 +19,7 @@ and attention stays within a pair (masks.segment_mask), so every pair's logits a
 get in a row of its own. Without them a row is one right-padded pair.
 
 Decoding keeps two pytrees apart:
-  source_cache {'encoder_mask': [B, S] bool, 'layers': [{'key', 'value'} [B, S, N, H], ...]}:
+  source_cache {'encoder_mask': [B, S] bool, 'layers': [{'key' [B, N, H, S], 'value' [B, N, S, H]}, ...]}:
     each decoder layer's cross-attention keys/values, one row per sentence, computed once and
     only read afterwards;
   cache [{'key' [R, N, H, C], 'value' [R, N, C, H]}, ...]: each decoder layer's self-attention
@@ -165,7 +165,7 @@ class Transformer(nn.Module):
     """What decoding reads of one source batch: its mask and every layer's cross-attention keys
     and values, [B]-leading and computed once."""
     return {'encoder_mask': masks.token_mask(encoder_input_tokens),  # [B, S]
-            'layers': [layer.project_cross_kv(encoded) for layer in self.decoder_layers]}
+            'layers': [layer.project_source_cache(encoded) for layer in self.decoder_layers]}
 
   def init_cache(self, rows: int, max_decode_length: int):
     """Empty self-attention cache of `rows` hypotheses with `max_decode_length` slots each."""
@@ -180,8 +180,8 @@ class Transformer(nn.Module):
     x = self._embed(self._target_embedding(), self.decoder_positions, tokens[:, None], positions, False)  # [R, 1, D]
     cross_mask = source_cache['encoder_mask'][:, None, None, :]  # [B, 1, 1, S]
     new_cache = []
-    for layer, layer_cache, cross_kv in zip(self.decoder_layers, cache, source_cache['layers']):
-      x, layer_cache = layer.decode_step(x, layer_cache, cross_kv, cross_mask, position_index)
+    for layer, layer_cache, layer_source in zip(self.decoder_layers, cache, source_cache['layers']):
+      x, layer_cache = layer.decode_step(x, layer_cache, layer_source, cross_mask, position_index)
       new_cache.append(layer_cache)
     x = self._final_norm('decoder_final_norm', x, None, False)
     logits = self._logits(x[:, 0])  # [R, V]
