@@ -39,7 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.attention_dropout_rate = 0.0
   # Normalisation: 'layer', 'rms', 'batch' (padding-aware) or 'scale' (ScaleNorm).
   model.norm = 'layer'
-  # Where norms sit around each sublayer: 'post' (Vaswani 2017), 'pre' (Xiong 2020), 'sandwich' (Ding 2021) or 'deepnorm' (Wang 2022); model/blocks.py.
+  # Where norms sit around each sublayer: 'post' (Vaswani 2017), 'pre' (Xiong 2020), 'sandwich' (Ding 2021), 'deepnorm' (Wang 2022) or 'admin' (Liu 2020); model/blocks.py.
   model.norm_position = 'pre'
   # Epsilon added to the variance (or mean square) in every norm.
   model.norm_epsilon = 1e-5

@@ -11,9 +11,11 @@ it scales the residual branch and the initial weights:
               and the value and output projections of every attention and both FFN matrices start
               at b times the configured init: encoder b = 0.87 (N^4 M)^(-1/16), decoder b = (12M)^(-1/4).
               Queries and keys keep their init.
-With `residual=False` the skip term (x, or a x) is dropped, the ablation the lectures describe.
-Admin (Liu et al. 2020) is not here: its residual weights come from a forward pass over data at
-initialisation, which a placement cannot compute from the config.
+  'admin'     x <- N(w * x + D(f(x)))         Liu et al. (2020, Admin); no final norm. w is a
+              trained [D] vector per sublayer (`<sublayer>_residual_weight`), 1 as created (plain
+              Post-LN) and set from a profiling pass by `model/admin.py` before training.
+With `residual=False` the skip term (x, a x or w * x) is dropped, the ablation the lectures
+describe.
 
 Dimensions: B batch, S source length, T target length, D model width; in decoding K hypotheses
 per sentence and R = B * K rows.
@@ -98,6 +100,8 @@ class Placement:
   # (num_encoder_layers, num_decoder_layers, decoder) -> gain of the value, attention-output and
   # FFN initial weights.
   init_gain: Callable[[int, int, bool], float] = _unit_scale
+  # Whether the weight of x is a trained [D] vector per sublayer instead of residual_weight.
+  trained_residual_weight: bool = False
 
 
 PLACEMENTS = {
@@ -106,7 +110,13 @@ PLACEMENTS = {
     'sandwich': Placement(_sandwich_norm, norms_per_sublayer=2, final_norm=True),
     'deepnorm': Placement(_deep_norm, norms_per_sublayer=1, final_norm=False,
                           residual_weight=deepnorm_alpha, init_gain=deepnorm_beta),
+    'admin': Placement(_deep_norm, norms_per_sublayer=1, final_norm=False,
+                       trained_residual_weight=True),
 }
+
+# Admin's profiling pass records, per sublayer, the variances of its weighted skip term and of its
+# output in this collection (model/admin.py).
+RESIDUAL_VARIANCES = 'residual_variances'
 
 
 def scaled_init(init: Callable, gain: float) -> Callable:
@@ -127,10 +137,16 @@ class _Layer(nn.Module):
     return getattr(PLACEMENTS[cfg.norm_position], name)(cfg.num_encoder_layers, cfg.num_decoder_layers,
                                                         self.is_decoder)
 
-  def make_norms(self, name: str):
+  def make_joint(self, sublayer: str):
+    """The norms of `sublayer` (attribute `<sublayer>_norms`) and, where the placement trains it,
+    the weight of its skip term (`<sublayer>_residual_weight`); `connect` reads both."""
     cfg = self.config
-    count = PLACEMENTS[cfg.norm_position].norms_per_sublayer
-    return [NORMS[cfg.norm](epsilon=cfg.norm_epsilon, name=f'{name}_{i}') for i in range(count)]
+    placement = PLACEMENTS[cfg.norm_position]
+    setattr(self, f'{sublayer}_norms', [NORMS[cfg.norm](epsilon=cfg.norm_epsilon, name=f'{sublayer}_norm_{i}')
+                                        for i in range(placement.norms_per_sublayer)])
+    if placement.trained_residual_weight:
+      setattr(self, f'{sublayer}_residual_weight',
+              self.param(f'{sublayer}_residual_weight', nn.initializers.ones, (cfg.d_model,), jnp.float32))
 
   def make_attention(self, self_attention: bool, name: str):
     """Self-attention sees positions as configured (RoPE, ALiBi); cross-attention never does:
@@ -149,21 +165,37 @@ class _Layer(nn.Module):
     self.ffn = FEEDFORWARDS[cfg.activation](
         d_ff=cfg.d_ff, dtype=cfg.compute_dtype,
         kernel_init=scaled_init(cfg.initializer, self._placement_scale('init_gain')), name='ffn')
-    self.ffn_norms = self.make_norms('ffn_norm')
+    self.make_joint('ffn')
     self.dropout = nn.Dropout(cfg.dropout_rate)
 
-  def connect(self, x, sublayer: Sublayer, norms, token_mask, train: bool):
-    """Joins `sublayer` (followed by dropout) to the stream x with the configured placement."""
+  def connect(self, x, sublayer: Sublayer, name: str, token_mask, train: bool):
+    """Joins `sublayer` (followed by dropout), whose norms and weights `make_joint(name)` made,
+    to the stream x with the configured placement."""
     cfg = self.config
-    bound_norms = [lambda h, n=n: n(h, token_mask, train) for n in norms]
+    placement = PLACEMENTS[cfg.norm_position]
+    bound_norms = [lambda h, n=n: n(h, token_mask, train) for n in getattr(self, f'{name}_norms')]
     dropout = lambda y: self.dropout(y, deterministic=not train)
-    x, aux = PLACEMENTS[cfg.norm_position].connect(x, sublayer, bound_norms, dropout, cfg.residual,
-                                                   self._placement_scale('residual_weight'))
+    alpha = self._placement_scale('residual_weight')
+    if placement.trained_residual_weight:
+      alpha = getattr(self, f'{name}_residual_weight').astype(x.dtype)  # [D]
+      if self.is_mutable_collection(RESIDUAL_VARIANCES):
+        sublayer = self._recording_variances(x, sublayer, name)
+    x, aux = placement.connect(x, sublayer, bound_norms, dropout, cfg.residual, alpha)
     # The stream after each sublayer is computed once, not again inside every later consumer.
     return fusion_boundary(x), aux
 
+  def _recording_variances(self, x, sublayer: Sublayer, name: str) -> Sublayer:
+    """`sublayer`, recording Var[x] and Var[f(x)] over all of x's elements (Admin's profile,
+    taken without padding or dropout)."""
+    def recorded(h):
+      y, aux = sublayer(h)
+      variances = jnp.stack([jnp.var(x.astype(jnp.float32)), jnp.var(y.astype(jnp.float32))])
+      self.sow(RESIDUAL_VARIANCES, f'{name}_variances', variances)
+      return y, aux
+    return recorded
+
   def feed_forward(self, x, token_mask, train: bool):
-    x, _ = self.connect(x, lambda h: (self.ffn(h), None), self.ffn_norms, token_mask, train)
+    x, _ = self.connect(x, lambda h: (self.ffn(h), None), 'ffn', token_mask, train)
     return x
 
 
@@ -173,12 +205,12 @@ class EncoderLayer(_Layer):
   def setup(self):
     self.setup_shared()
     self.self_attention = self.make_attention(True, 'self_attention')
-    self.self_attention_norms = self.make_norms('self_attention_norm')
+    self.make_joint('self_attention')
 
   def __call__(self, x, token_mask, attention_mask, positions, train: bool = False):
     """x [B, S, D]; token_mask [B, S]; attention_mask [B, 1, S, S]; positions [B, S]."""
     attend = lambda h: (self.self_attention(h, attention_mask, positions, deterministic=not train), None)
-    x, _ = self.connect(x, attend, self.self_attention_norms, token_mask, train)
+    x, _ = self.connect(x, attend, 'self_attention', token_mask, train)
     return self.feed_forward(x, token_mask, train)
 
 
@@ -189,9 +221,9 @@ class DecoderLayer(_Layer):
   def setup(self):
     self.setup_shared()
     self.self_attention = self.make_attention(True, 'self_attention')
-    self.self_attention_norms = self.make_norms('self_attention_norm')
+    self.make_joint('self_attention')
     self.cross_attention = self.make_attention(False, 'cross_attention')
-    self.cross_attention_norms = self.make_norms('cross_attention_norm')
+    self.make_joint('cross_attention')
 
   def project_source_cache(self, encoded) -> Cache:
     """Cross-attention keys/values of the encoder output [B, S, D] for decoding, computed once
@@ -199,15 +231,14 @@ class DecoderLayer(_Layer):
     return self.cross_attention.project_source_cache(encoded)
 
   def _cross_and_ffn(self, x, attend_source, token_mask, train):
-    x, _ = self.connect(x, lambda h: (attend_source(h), None), self.cross_attention_norms,
-                        token_mask, train)
+    x, _ = self.connect(x, lambda h: (attend_source(h), None), 'cross_attention', token_mask, train)
     return self.feed_forward(x, token_mask, train)
 
   def __call__(self, x, encoded, token_mask, self_mask, cross_mask, positions, train: bool = False):
     """Teacher-forced pass. x [B, T, D]; encoded [B, S, D]; token_mask [B, T];
     self_mask [B, 1, T, T]; cross_mask [B, 1, T, S]; positions [B, T]."""
     attend = lambda h: (self.self_attention(h, self_mask, positions, deterministic=not train), None)
-    x, _ = self.connect(x, attend, self.self_attention_norms, token_mask, train)
+    x, _ = self.connect(x, attend, 'self_attention', token_mask, train)
     cross_kv = self.cross_attention.project_kv(encoded)
     attend_source = lambda h: self.cross_attention.cross(h, cross_kv, cross_mask,
                                                           deterministic=not train)
@@ -221,7 +252,7 @@ class DecoderLayer(_Layer):
     of their sentence's row.
     """
     attend = lambda h: self.self_attention.decode_step(h, self_cache, position_index)
-    x, self_cache = self.connect(x, attend, self.self_attention_norms, None, False)
+    x, self_cache = self.connect(x, attend, 'self_attention', None, False)
     rows, _, width = x.shape
     x = x.reshape(cross_mask.shape[0], -1, width)  # [R, 1, D] -> [B, K, D]
     attend_source = lambda h: self.cross_attention.cross_step(h, source_cache, cross_mask)

@@ -292,6 +292,9 @@ def test_each_placement_matches_its_formula(residual):
   np.testing.assert_allclose(sandwich, skip + d(n2(f(n(x)))), rtol=1e-6)
   deep, _ = connect('deepnorm', [n], alpha=2.5)
   np.testing.assert_allclose(deep, n(2.5 * skip + d(f(x))), rtol=1e-6)
+  weight = jnp.asarray(RNG.uniform(0.5, 3.0, size=4), jnp.float32)  # Admin's per-feature w
+  admin, _ = connect('admin', [n], alpha=weight)
+  np.testing.assert_allclose(admin, n(weight * skip + d(f(x))), rtol=1e-6)
   assert aux == 'aux'
   assert [name for name, p in blocks.PLACEMENTS.items() if p.final_norm] == ['pre', 'sandwich']
   assert blocks.PLACEMENTS['sandwich'].norms_per_sublayer == 2

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from configs import base
-from model import blocks, flops, losses, transformer
+from model import admin, blocks, flops, losses, transformer
 from model.config import ModelConfig
 from model.transformer import Transformer
 
@@ -36,13 +36,15 @@ def param_shapes(model):
 
 @pytest.mark.parametrize('position,norm,norm_position', [
     *itertools.product(['sinusoidal', 'learned', 'rope', 'alibi', 'none'], ['layer', 'batch'], ['post']),
-    ('sinusoidal', 'layer', 'sandwich'), ('alibi', 'rms', 'deepnorm')])
+    ('sinusoidal', 'layer', 'sandwich'), ('alibi', 'rms', 'deepnorm'), ('rope', 'layer', 'admin')])
 def test_incremental_decoding_equals_full_forward(position, norm, norm_position):
   model = Transformer(tiny_config(position=position, norm=norm, norm_position=norm_position))
   variables = init(model)
   if norm == 'batch':  # non-trivial running statistics, as after training
     variables = dict(variables, batch_stats=jax.tree.map(
         lambda s: s + 0.3 * jax.random.uniform(jax.random.PRNGKey(2), s.shape), variables['batch_stats']))
+  if norm_position == 'admin':  # skip weights other than 1
+    variables = dict(variables, params=admin.profiled_params(model, variables, seed=0))
   full = model.apply(variables, SOURCE, TARGET_IN)  # [B, T, V]
 
   @jax.jit
@@ -196,7 +198,7 @@ def test_deepnorm_scales_value_output_and_ffn_inits_by_beta_and_nothing_else():
 
 @pytest.mark.parametrize('field,value,message', [
     ('norm', 'group', "config.model.norm='group' is not one of: batch, layer, rms, scale"),
-    ('norm_position', 'admin', "config.model.norm_position='admin' is not one of: deepnorm, post, pre, sandwich"),
+    ('norm_position', 'rezero', "config.model.norm_position='rezero' is not one of: admin, deepnorm, post, pre, sandwich"),
     ('position', 'xpos', "config.model.position='xpos' is not one of: alibi, learned, none, rope, sinusoidal"),
     ('activation', 'tanh', "config.model.activation='tanh' is not one of: gelu, relu, swiglu"),
     ('attention_impl', 'flash', "config.model.attention_impl='flash' is not one of: cudnn, jax, xla"),

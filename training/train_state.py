@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from model import losses
+from model import admin, losses
 from model.config import ModelConfig
 from model.transformer import Transformer
 from training import partitioning
@@ -47,7 +47,7 @@ def create_train_state(model: Transformer, tx: optax.GradientTransformation, see
   def init() -> TrainState:
     dummy = jnp.ones((1, 8), jnp.int32)
     variables = model.init(jax.random.PRNGKey(seed), dummy, dummy, train=False)
-    params = variables['params']
+    params = admin.profiled_params(model, variables, seed)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                       batch_stats=variables.get('batch_stats', {}))
 

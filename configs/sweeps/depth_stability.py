@@ -1,11 +1,11 @@
-"""Depth stability without warmup: do deep Post-LN stacks fail where Pre-LN, sandwich and DeepNorm
-train? The claim the Post-LN vs Pre-LN debate rests on (Xiong et al. 2020; Wang et al. 2022).
+"""Depth stability without warmup: do deep Post-LN stacks fail where Pre-LN, sandwich, DeepNorm and
+Admin train? The claim the Post-LN vs Pre-LN debate rests on (Xiong et al. 2020; Wang et al. 2022).
 
   python -m scripts.sweep configs/sweeps/depth_stability.py:cpu --workdir=runs/depth_stability
   python -m scripts.report runs/depth_stability --colour_by=norm_position --panel_by=enc_layers
 
-Grid: placements post, pre, sandwich, deepnorm x {6, 12, 24} encoder and decoder layers, 3 seeds
-each (seeds(); --seeds overrides): 36 runs. Every run starts at its peak rate (Adam 1e-3, no
+Grid: placements post, pre, sandwich, deepnorm, admin x {6, 12, 24} encoder and decoder layers, 3
+seeds each (seeds(); --seeds overrides): 45 runs. Every run starts at its peak rate (Adam 1e-3, no
 warmup, constant), the regime in which Xiong et al. report Post-LN failing.
 
 Presets:
@@ -13,14 +13,14 @@ Presets:
         of ~1,000-token packed batches of pairs up to 32 tokens (one compiled shape per run),
         training loss every 10 steps, validation loss on 128 validation sentences at the end.
         Shows whether a run gets going, diverges or stalls; not converged quality. On the 2-core
-        VM a 24+24 run takes ~3.5 min (0.6 s a step, ~1 min compiling), all 36 ~75 min.
+        VM a 24+24 run takes ~3.5 min (0.6 s a step, ~1 min compiling), all 45 ~95 min.
   full  the same grid at d_model 128 (FFN 512), 4,096-token batches and 2,000 steps, for an
         accelerator.
 """
 
 from configs import multi30k
 
-PLACEMENTS = ('post', 'pre', 'sandwich', 'deepnorm')
+PLACEMENTS = ('post', 'pre', 'sandwich', 'deepnorm', 'admin')
 DEPTHS = (6, 12, 24)
 PRESETS = ('cpu', 'full')
 
