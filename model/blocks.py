@@ -114,8 +114,8 @@ PLACEMENTS = {
                        trained_residual_weight=True),
 }
 
-# Admin's profiling pass records, per sublayer, the variances of its weighted skip term and of its
-# output in this collection (model/admin.py).
+# Admin's profiling pass records, per sublayer, the variances of its input x and of its output f(x)
+# in this collection (model/admin.py).
 RESIDUAL_VARIANCES = 'residual_variances'
 
 
@@ -185,8 +185,8 @@ class _Layer(nn.Module):
     return fusion_boundary(x), aux
 
   def _recording_variances(self, x, sublayer: Sublayer, name: str) -> Sublayer:
-    """`sublayer`, recording Var[x] and Var[f(x)] over all of x's elements (Admin's profile,
-    taken without padding or dropout)."""
+    """`sublayer`, recording Var[x] and Var[f(x)] over all elements (Admin's profile; model/admin.py
+    feeds a batch without padding, dropout off)."""
     def recorded(h):
       y, aux = sublayer(h)
       variances = jnp.stack([jnp.var(x.astype(jnp.float32)), jnp.var(y.astype(jnp.float32))])
