@@ -165,9 +165,8 @@ def take_filled_rows(x, rows, filled, slot_axis: int, block: int = 8):
     part = jax.lax.dynamic_slice_in_dim(x, start, block, axis=slot_axis)
     return jax.lax.dynamic_update_slice_in_dim(x, take(part), start, axis=slot_axis)
 
-  if whole_blocks:  # with fewer slots than a block, only the remainder below
-    filled_blocks = jnp.minimum((filled + block - 1) // block, whole_blocks)
-    x = jax.lax.fori_loop(0, filled_blocks, reorder_block, x)
+  filled_blocks = jnp.minimum((filled + block - 1) // block, whole_blocks)
+  x = jax.lax.fori_loop(0, filled_blocks, reorder_block, x)
   if slots % block:
     tail = jax.lax.slice_in_dim(x, whole_blocks * block, slots, axis=slot_axis)
     x = jax.lax.dynamic_update_slice_in_dim(x, take(tail), whole_blocks * block, axis=slot_axis)
