@@ -23,9 +23,6 @@ from model import position
 
 Cache = dict[str, jnp.ndarray]
 
-# Axis of the slots in each leaf of a self-attention cache (`MultiHeadAttention.empty_cache`).
-CACHE_SLOT_AXES = {'key': 3, 'value': 2}
-
 
 def attention_weights(query, key, mask, bias=None):
   """softmax(Q K^T / sqrt(H) + bias) with masked logits: float32 [B, N, T, S].

@@ -140,39 +140,6 @@ def _take_rows(tree, rows):
   return jax.tree.map(lambda x: jnp.take(x, rows, axis=0, mode='clip'), tree)
 
 
-def take_filled_rows(x, rows, filled, slot_axis: int, block: int = 8):
-  """x's rows `rows` along axis 0, exact in the slots [0, filled) along `slot_axis`.
-
-  A beam search cache is sized for the length limit but filled one slot per step, and a slot is
-  written before it is read. Reordering only the blocks of `block` slots that hold filled ones
-  (a loop over as many blocks as are filled, each in place) spares most of the copy early in
-  the search: on CPU the whole-buffer reorder was the largest part of a step. The remainder of
-  slots past the last whole block is always reordered; other slots keep the old row order.
-
-  Args:
-    x: array with leading dimension N and the slots along `slot_axis`.
-    rows: int32 [N] row of x each new row comes from.
-    filled: int32 scalar, slots written so far.
-    slot_axis: axis of x's slots (static).
-    block: slots reordered together (static).
-  """
-  slots = x.shape[slot_axis]
-  whole_blocks = slots // block
-  take = lambda part: jnp.take(part, rows, axis=0, mode='clip')
-
-  def reorder_block(index, x):
-    start = index * block
-    part = jax.lax.dynamic_slice_in_dim(x, start, block, axis=slot_axis)
-    return jax.lax.dynamic_update_slice_in_dim(x, take(part), start, axis=slot_axis)
-
-  filled_blocks = jnp.minimum((filled + block - 1) // block, whole_blocks)
-  x = jax.lax.fori_loop(0, filled_blocks, reorder_block, x)
-  if slots % block:
-    tail = jax.lax.slice_in_dim(x, whole_blocks * block, slots, axis=slot_axis)
-    x = jax.lax.dynamic_update_slice_in_dim(x, take(tail), whole_blocks * block, axis=slot_axis)
-  return x
-
-
 def _take_sentences(state, keep, beam_size):
   """The sentences `keep` [M] of a search state: [B]-leading leaves by sentence, the cache's
   [B*K]-leading leaves by each kept sentence's K rows."""
@@ -184,8 +151,8 @@ def _take_sentences(state, keep, beam_size):
 
 def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=None,
                 max_lengths=None, length_penalty=1.0, length_penalty_form='fairseq',
-                early_stopping=False, smallest_batch=8, reorder_cache=None, bos_id=BOS_ID,
-                eos_id=EOS_ID, pad_id=PAD_ID):
+                early_stopping=False, smallest_batch=8, bos_id=BOS_ID, eos_id=EOS_ID,
+                pad_id=PAD_ID):
   """Decodes the K best hypotheses per sentence by their length-penalised score.
 
   Keeps K alive and K finished hypotheses per sentence (flax `examples/wmt`,
@@ -227,11 +194,6 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=No
     early_stopping: a sentence is done at its K-th finished hypothesis (static).
     smallest_batch: fewest sentences a phase is cut down to (static); B or
       more keeps the whole batch to the end.
-    reorder_cache: `(cache, rows [n*K], filled) -> cache`, the cache with
-      new row r taken from old row rows[r], needing to be exact only in what
-      the next steps read of it (`filled` steps have been fed, so a cache that
-      fills one slot per step may reorder just those: `take_filled_rows`);
-      None reorders every leaf whole along axis 0.
     bos_id: token fed first.
     eos_id: token that ends a hypothesis.
     pad_id: token written after EOS.
@@ -244,8 +206,6 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=No
     raise ValueError(f'Unknown length_penalty_form {length_penalty_form!r}; '
                      f'valid: {sorted(_LENGTH_PENALTIES)}')
   penalty = _LENGTH_PENALTIES[length_penalty_form]
-  if reorder_cache is None:
-    reorder_cache = lambda cache, rows, filled: _take_rows(cache, rows)
   k = beam_size
   candidate_ranks = jnp.arange(2 * k)
 
@@ -319,7 +279,7 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=No
         'alive_log_probs': alive_log_probs,
         'finished_seqs': finished_seqs,
         'finished_scores': finished_scores,
-        'cache': reorder_cache(cache, rows, i + 1),
+        'cache': _take_rows(cache, rows),
     }
     new_state['done'] = done | is_done(new_state)
     return new_state

@@ -7,7 +7,7 @@ import functools
 
 import jax
 
-from model import attention, decoding, masks
+from model import decoding, masks
 from model.transformer import Transformer
 
 
@@ -36,12 +36,6 @@ def _search_inputs(model: Transformer, variables, encoder_input_tokens, beam_siz
     return model.apply(variables, tokens, cache, position, source_cache, method=Transformer.decode_step)
 
   return step_fn, cache, source_cache, max_length, max_lengths
-
-
-def _reorder_cache(cache, rows, filled):
-  """Beam search's reorder of the decoder's self-attention cache: only the filled slots."""
-  return [{name: decoding.take_filled_rows(leaf, rows, filled, attention.CACHE_SLOT_AXES[name])
-           for name, leaf in layer_cache.items()} for layer_cache in cache]
 
 
 # The length penalty is traced, not static: comparing penalties reuses one compilation.
@@ -109,4 +103,4 @@ def beam_translate(model: Transformer, variables, encoder_input_tokens, *, beam_
       step_fn, cache, batch_size=encoder_input_tokens.shape[0], beam_size=beam_size,
       max_length=max_length, context=source_cache, max_lengths=max_lengths,
       length_penalty=length_penalty, length_penalty_form=length_penalty_form,
-      early_stopping=early_stopping, smallest_batch=smallest_batch, reorder_cache=_reorder_cache)
+      early_stopping=early_stopping, smallest_batch=smallest_batch)

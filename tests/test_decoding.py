@@ -356,22 +356,6 @@ def test_tile_beams_keeps_copies_adjacent():
   assert tiled['b'][0].tolist() == [0, 0, 0, 1, 1, 1]
 
 
-@pytest.mark.parametrize('slot_axis', [1, 2])
-def test_take_filled_rows_reorders_every_filled_slot(slot_axis):
-  rng = np.random.default_rng(slot_axis)
-  slots = 19  # two whole blocks of 8 and a remainder of 3
-  x = jnp.asarray(rng.normal(size=(6, 3, slots) if slot_axis == 2 else (6, slots, 3)), jnp.float32)
-  rows = jnp.asarray(rng.integers(0, 6, 6), jnp.int32)
-  reorder = jax.jit(functools.partial(decoding.take_filled_rows, slot_axis=slot_axis, block=8))
-  whole = np.asarray(x)[np.asarray(rows)]
-  for filled in range(0, slots + 1):
-    taken = np.asarray(reorder(x, rows, jnp.int32(filled)))
-    np.testing.assert_array_equal(np.take(taken, range(filled), axis=slot_axis),
-                                  np.take(whole, range(filled), axis=slot_axis))
-  # Reordering a filled prefix must not reorder it twice.
-  np.testing.assert_array_equal(reorder(x, rows, jnp.int32(slots)), whole)
-
-
 def test_decode_length_limit():
   assert decoding.decode_length_limit(20) == 34
   assert decoding.decode_length_limit(20, a=0, b=2) == 40
