@@ -5,6 +5,8 @@ C decoding cache slots, K hypotheses per sentence, R = B * K decoding rows.
 
 Entry points (all pure: parameters and caches go in and come out):
   __call__(encoder_input_tokens, decoder_input_tokens, train, **packing) -> logits [B, T, V] (float32)
+    (with_output_layer_input: (logits, hidden [B, T, D], output table [V, D]), for
+    losses.output_layer_sums)
   encode(encoder_input_tokens, train, segment_ids, positions) -> encoded [B, S, D]
   decode(encoded, encoder_input_tokens, decoder_input_tokens, train, **packing) -> logits [B, T, V]
   source_cache(encoded, encoder_input_tokens) -> source_cache
@@ -128,6 +130,12 @@ class Transformer(nn.Module):
     return jnp.einsum('...D,DV->...V', x, self.output_kernel.astype(x.dtype),
                       preferred_element_type=jnp.float32)
 
+  def _output_table(self) -> jnp.ndarray:
+    """The output layer's weights as [V, D]: token v's logit is x . table[v]."""
+    if self.config.tie_output_embedding:
+      return self._target_embedding().embedding
+    return self.output_kernel.T
+
   def encode(self, encoder_input_tokens, *, train: bool = False, segment_ids=None, positions=None):
     """[B, S] tokens (and, for packed rows, their segment ids and positions) -> [B, S, D]."""
     token_mask = masks.token_mask(encoder_input_tokens)  # [B, S]
@@ -139,8 +147,14 @@ class Transformer(nn.Module):
     return self._final_norm('encoder_final_norm', x, token_mask, train)
 
   def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, *, train: bool = False,
-             encoder_segment_ids=None, decoder_segment_ids=None, decoder_positions=None):
-    """Teacher-forced decoder: [B, T] right-shifted targets -> [B, T, V] float32 logits."""
+             encoder_segment_ids=None, decoder_segment_ids=None, decoder_positions=None,
+             with_output_layer_input: bool = False):
+    """Teacher-forced decoder: [B, T] right-shifted targets -> [B, T, V] float32 logits.
+
+    With `with_output_layer_input`, returns (logits, hidden [B, T, D], table [V, D]): the output
+    layer's input and weights as well, from which training computes its loss
+    (losses.output_layer_sums).
+    """
     target_mask = masks.token_mask(decoder_input_tokens)  # [B, T]
     decoder_segment_ids, positions = _segments_and_positions(
         decoder_input_tokens, decoder_segment_ids, decoder_positions)
@@ -150,16 +164,20 @@ class Transformer(nn.Module):
     x = self._embed(self._target_embedding(), self.decoder_positions, decoder_input_tokens, positions, train)
     for layer in self.decoder_layers:
       x = layer(x, encoded, target_mask, self_mask, cross_mask, positions, train)
-    return self._logits(self._final_norm('decoder_final_norm', x, target_mask, train))
+    hidden = self._final_norm('decoder_final_norm', x, target_mask, train)
+    if with_output_layer_input:
+      return self._logits(hidden), hidden, self._output_table()
+    return self._logits(hidden)
 
   def __call__(self, encoder_input_tokens, decoder_input_tokens, *, train: bool = False,
                encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
-               decoder_positions=None):
+               decoder_positions=None, with_output_layer_input: bool = False):
     encoded = self.encode(encoder_input_tokens, train=train, segment_ids=encoder_segment_ids,
                           positions=encoder_positions)
     return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, train=train,
                        encoder_segment_ids=encoder_segment_ids,
-                       decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions)
+                       decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
+                       with_output_layer_input=with_output_layer_input)
 
   def source_cache(self, encoded, encoder_input_tokens):
     """What decoding reads of one source batch: its mask and every layer's cross-attention keys

@@ -245,6 +245,35 @@ def test_loss_gradient_equals_optax_one_hot_form(smoothing):
   np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize('tied', [True, False])
+@pytest.mark.parametrize('smoothing', [0.0, 0.1])
+def test_output_layer_sums_equal_weighted_sums_of_the_logits(tied, smoothing):
+  """The training loss read from the output layer's input (target and mean logits as [B, T, D]
+  products) equals weighted_sums of the model's logits, in value and in gradient."""
+  model = Transformer(tiny_config(tie_output_embedding=tied))
+  params = init(model)['params']
+  weights = (TARGET_OUT != 0).astype(jnp.float32)
+  logits, hidden, table = model.apply({'params': params}, SOURCE, TARGET_IN, with_output_layer_input=True)
+  np.testing.assert_array_equal(logits, model.apply({'params': params}, SOURCE, TARGET_IN))
+  np.testing.assert_allclose(logits, np.einsum('btd,vd->btv', hidden, table), rtol=1e-5, atol=1e-5)
+
+  def ours(params):
+    outputs = model.apply({'params': params}, SOURCE, TARGET_IN, with_output_layer_input=True)
+    sums = losses.output_layer_sums(*outputs, TARGET_OUT, weights, smoothing)
+    return sums['loss'], sums
+
+  def reference(params):
+    sums = losses.weighted_sums(model.apply({'params': params}, SOURCE, TARGET_IN), TARGET_OUT,
+                                weights, smoothing)
+    return sums['loss'], sums
+
+  (_, got), got_grads = jax.value_and_grad(ours, has_aux=True)(params)
+  (_, want), want_grads = jax.value_and_grad(reference, has_aux=True)(params)
+  for name in ('loss', 'nll', 'tokens'):
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6), got_grads, want_grads)
+
+
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 def test_tied_logits_gradient_equals_autodiff(dtype):
   """The hand-written VJP of the tied output projection equals autodiff of x @ E^T."""

@@ -129,12 +129,12 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.
   step_key = jax.random.fold_in(dropout_key, state.step)
 
   def sums_fn(params, rows: dict, key: jax.Array):
-    logits, updates = model.apply(
+    (logits, hidden, table), updates = model.apply(
         model_variables(params, state.batch_stats), rows['encoder_input_tokens'],
         rows['decoder_input_tokens'], train=True, rngs={'dropout': key}, mutable=['batch_stats'],
-        **packing_features(rows))
-    sums = losses.weighted_sums(logits, rows['decoder_target_tokens'],
-                                rows['decoder_target_weights'], label_smoothing)
+        with_output_layer_input=True, **packing_features(rows))
+    sums = losses.output_layer_sums(logits, hidden, table, rows['decoder_target_tokens'],
+                                    rows['decoder_target_weights'], label_smoothing)
     return sums, updates
 
   rows, length = batch['decoder_input_tokens'].shape
@@ -162,9 +162,10 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.
           state.params, rows_slice, jax.random.fold_in(step_key, index))
       return jax.tree.map(jnp.add, carry, (sums, grads)), None
 
-    # Zero sums of weighted_sums' structure (scalars), and zero gradients.
+    # Zero sums of output_layer_sums' structure (scalars), and zero gradients.
     zeros = jax.tree.map(jnp.zeros_like, (
-        losses.weighted_sums(jnp.zeros((1, 1, 1)), jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1))),
+        losses.output_layer_sums(jnp.zeros((1, 1, 1)), jnp.zeros((1, 1, 1)), jnp.zeros((1, 1)),
+                                 jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1))),
         state.params))
     (sums, grad_sums), _ = jax.lax.scan(add_slice, zeros,
                                         (split_rows(batch, count), jnp.arange(count)))
