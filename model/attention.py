@@ -12,7 +12,7 @@ transposes took 40% of a beam-search step:
 Attention logits and softmax are float32 whatever the compute dtype.
 """
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -83,6 +83,23 @@ ATTENTION_IMPLS = {
 }
 
 
+class HeadProjection(nn.Module):
+  """The kernel [D, N, H] and bias [N, H] of one of Q, K, V: the parameters nn.DenseGeneral((N, H))
+  makes (same names, shapes and initial values), returned rather than applied, so that the
+  projections of one input run as one product (`MultiHeadAttention._project`)."""
+  num_heads: int
+  head_dim: int
+  kernel_init: Callable
+
+  @nn.compact
+  def __call__(self, d_model: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+    # DenseGeneral initialises the kernel flattened to [D, N * H].
+    init = lambda key, shape, dtype: self.kernel_init(key, (shape[0], shape[1] * shape[2]), dtype).reshape(shape)
+    kernel = self.param('kernel', init, (d_model, self.num_heads, self.head_dim), jnp.float32)
+    bias = self.param('bias', nn.initializers.zeros, (self.num_heads, self.head_dim), jnp.float32)
+    return kernel, bias
+
+
 class MultiHeadAttention(nn.Module):
   """Projections Q, K, V (with biases, as fairseq) and the output projection O."""
   d_model: int
@@ -100,13 +117,11 @@ class MultiHeadAttention(nn.Module):
 
   def setup(self):
     head_dim = self.d_model // self.num_heads
-    project = lambda name, init: nn.DenseGeneral(
-        (self.num_heads, head_dim), dtype=self.dtype, param_dtype=jnp.float32,
-        kernel_init=init, name=name)
+    projection = lambda name, init: HeadProjection(self.num_heads, head_dim, init, name=name)
     value_out_init = self.value_out_init or self.kernel_init
-    self.query = project('query', self.kernel_init)
-    self.key = project('key', self.kernel_init)
-    self.value = project('value', value_out_init)
+    self.query = projection('query', self.kernel_init)
+    self.key = projection('key', self.kernel_init)
+    self.value = projection('value', value_out_init)
     self.out = nn.DenseGeneral(self.d_model, axis=(-2, -1), dtype=self.dtype,
                                param_dtype=jnp.float32, kernel_init=value_out_init,
                                name='out')
@@ -117,21 +132,35 @@ class MultiHeadAttention(nn.Module):
     attended = ATTENTION_IMPLS[self.impl](query, key, value, mask, dropout, bias)  # [B, T, N, H]
     return self.out(attended)  # [B, T, D]
 
+  def _project(self, inputs: jnp.ndarray, projections: Sequence[HeadProjection]) -> list[jnp.ndarray]:
+    """`inputs` [B, L, D] through several of Q, K, V as one product, their kernels side by side:
+    on CPU one [D, 3D] product of a slice's rows costs less than three [D, D] ones
+    (docs/performance.md). Returns [B, L, N, H] per projection."""
+    weights = [projection(inputs.shape[-1]) for projection in projections]
+    kernel = jnp.concatenate([kernel for kernel, _ in weights], axis=1)  # [D, P * N, H]
+    bias = jnp.concatenate([bias for _, bias in weights], axis=0)  # [P * N, H]
+    projected = jnp.einsum('...D,DNH->...NH', inputs.astype(self.dtype),
+                           kernel.astype(self.dtype)) + bias.astype(self.dtype)  # [B, L, P * N, H]
+    return jnp.split(projected, len(projections), axis=-2)
+
+  def _rotate(self, query_or_key, positions):
+    return position.apply_rope(query_or_key, positions) if self.rotary else query_or_key
+
   def project_kv(self, inputs: jnp.ndarray, positions: Optional[jnp.ndarray] = None) -> Cache:
     """Keys and values of `inputs` [B, S, D]: the cross-attention cache of one source batch."""
-    key = self.key(inputs)  # [B, S, N, H]
-    if self.rotary:
-      key = position.apply_rope(key, positions)
-    return {'key': key, 'value': self.value(inputs)}
+    key, value = self._project(inputs, [self.key, self.value])  # [B, S, N, H] each
+    return {'key': self._rotate(key, positions), 'value': value}
+
+  def _project_qkv(self, x, positions):
+    """Queries, keys and values of x [B, T, D] for self-attention: [B, T, N, H] each."""
+    query, key, value = self._project(x, [self.query, self.key, self.value])
+    return self._rotate(query, positions), self._rotate(key, positions), value
 
   def __call__(self, x, mask, positions=None, *, deterministic: bool = True):
     """Self-attention of x [B, T, D] under `mask` [B, 1, T, T]."""
-    query = self.query(x)  # [B, T, N, H]
-    if self.rotary:
-      query = position.apply_rope(query, positions)
-    kv = self.project_kv(x, positions)
+    query, key, value = self._project_qkv(x, positions)
     bias = position.alibi_bias(positions, positions, self.num_heads) if self.linear_bias else None  # [B, N, T, T]
-    return self._attend(query, kv['key'], kv['value'], mask, deterministic, bias)
+    return self._attend(query, key, value, mask, deterministic, bias)
 
   def cross(self, x, kv: Cache, mask, *, deterministic: bool = True):
     """Attention of x [B, T, D] to precomputed keys/values (`project_kv`) under `mask` [B, 1, T, S].
@@ -139,7 +168,7 @@ class MultiHeadAttention(nn.Module):
     With 'intermediates' mutable (scripts/attention_maps.py) it also records the attention
     weights [B, N, T, S] as `attention_weights`.
     """
-    query = self.query(x)  # [B, T, N, H]
+    (query,) = self._project(x, [self.query])  # [B, T, N, H]
     if self.is_mutable_collection('intermediates'):
       self.sow('intermediates', 'attention_weights', attention_weights(query, kv['key'], mask))
     return self._attend(query, kv['key'], kv['value'], mask, deterministic)
@@ -168,7 +197,8 @@ class MultiHeadAttention(nn.Module):
   def cross_step(self, x, source_cache: Cache, mask):
     """Attention of x [B, T, D] (a sentence's hypotheses as its T queries) to one source batch's
     `project_source_cache` under `mask` [B, 1, 1, S], whatever `impl` the full passes use."""
-    return self._cached_attention(self.query(x), source_cache, mask)
+    (query,) = self._project(x, [self.query])  # [B, T, N, H]
+    return self._cached_attention(query, source_cache, mask)
 
   def decode_step(self, x, cache: Cache, position_index) -> tuple[jnp.ndarray, Cache]:
     """Self-attention of one new token x [B, 1, D] at `position_index` over the cache.
@@ -178,15 +208,12 @@ class MultiHeadAttention(nn.Module):
     `xla_attention`'s, over the cache's layout, whatever `impl` the full passes use.
     """
     positions = jnp.full((x.shape[0], 1), position_index, dtype=jnp.int32)  # [B, 1]
-    query = self.query(x)  # [B, 1, N, H]
-    if self.rotary:
-      query = position.apply_rope(query, positions)
-    new = self.project_kv(x, positions)  # 2 x [B, 1, N, H]
+    query, new_key, new_value = self._project_qkv(x, positions)  # [B, 1, N, H] each
     key = jax.lax.dynamic_update_slice_in_dim(
-        cache['key'], new['key'].transpose(0, 2, 3, 1).astype(cache['key'].dtype), position_index,
+        cache['key'], new_key.transpose(0, 2, 3, 1).astype(cache['key'].dtype), position_index,
         axis=3)  # [B, N, H, C]
     value = jax.lax.dynamic_update_slice_in_dim(
-        cache['value'], new['value'].transpose(0, 2, 1, 3).astype(cache['value'].dtype),
+        cache['value'], new_value.transpose(0, 2, 1, 3).astype(cache['value'].dtype),
         position_index, axis=2)  # [B, N, C, H]
     bias = None
     if self.linear_bias:  # slot c holds position c
