@@ -94,7 +94,8 @@ class HeadProjection(nn.Module):
   @nn.compact
   def __call__(self, d_model: int) -> tuple[jnp.ndarray, jnp.ndarray]:
     # DenseGeneral initialises the kernel flattened to [D, N * H].
-    init = lambda key, shape, dtype: self.kernel_init(key, (shape[0], shape[1] * shape[2]), dtype).reshape(shape)
+    init = lambda key, shape, dtype: self.kernel_init(
+        key, (shape[0], shape[1] * shape[2]), dtype).reshape(shape)
     kernel = self.param('kernel', init, (d_model, self.num_heads, self.head_dim), jnp.float32)
     bias = self.param('bias', nn.initializers.zeros, (self.num_heads, self.head_dim), jnp.float32)
     return kernel, bias
@@ -144,6 +145,7 @@ class MultiHeadAttention(nn.Module):
     return jnp.split(projected, len(projections), axis=-2)
 
   def _rotate(self, query_or_key, positions):
+    """RoPE of queries or keys [B, L, N, H] where this attention uses it."""
     return position.apply_rope(query_or_key, positions) if self.rotary else query_or_key
 
   def project_kv(self, inputs: jnp.ndarray, positions: Optional[jnp.ndarray] = None) -> Cache:

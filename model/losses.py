@@ -66,8 +66,9 @@ def output_layer_sums(logits, hidden, table, targets, weights, label_smoothing: 
   The target logit is hidden . table[target] and the mean logit hidden . mean_v(table[v]): [B, T, D]
   work where `token_losses` makes two more passes over [B, T, V] (a select and a mean), and in the
   backward pass the logits' gradient is softmax times one [B, T] factor, a single elementwise pass.
-  On the 2-core CPU the output layer and loss of a tiny-model slice took ~37% less time this way
-  (docs/performance.md). Equal to `weighted_sums` up to float32 rounding (tests/test_transformer.py).
+  On the 2-core CPU the output layer and loss of a tiny-model slice, timed alone, took ~37% less
+  time this way; a whole training step a few percent at most (docs/performance.md). Equal to
+  `weighted_sums` up to float32 rounding (tests/test_transformer.py).
 
   Args:
     logits: [B, T, V], the product of `hidden` and `table` (cast to float32).
@@ -79,7 +80,8 @@ def output_layer_sums(logits, hidden, table, targets, weights, label_smoothing: 
   """
   weights = weights.astype(jnp.float32)
   log_z = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)  # [B, T]
-  target_logit = jnp.einsum('...D,...D->...', hidden, jnp.take(table, targets, axis=0).astype(hidden.dtype),
+  target_rows = jnp.take(table, targets, axis=0).astype(hidden.dtype)  # [B, T, D]
+  target_logit = jnp.einsum('...D,...D->...', hidden, target_rows,
                             preferred_element_type=jnp.float32)  # [B, T]
   nll = log_z - target_logit
   loss = nll

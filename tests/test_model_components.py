@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from model import blocks, masks, norms, position
-from model.attention import MultiHeadAttention
+import flax.linen as nn
+
+from model.attention import HeadProjection, MultiHeadAttention
 
 RNG = np.random.default_rng(0)
 
@@ -23,6 +25,28 @@ def numpy_attention(x_q, x_kv, params, mask, num_heads, bias=0.0):
   probs /= probs.sum(-1, keepdims=True)
   out = np.einsum('bnts,bsnh->btnh', probs, v)
   return np.einsum('btnh,nhd->btd', out, p['out']['kernel']) + p['out']['bias']
+
+
+def test_head_projection_creates_dense_generals_parameters():
+  """Q, K, V weights are those nn.DenseGeneral((N, H)) made before the projections were fused: the
+  same names, shapes and initial values for the same key, so seeds and checkpoints carry over."""
+  init = nn.initializers.xavier_uniform()
+
+  class Dense(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.DenseGeneral((4, 8), kernel_init=init, name='query')(x)
+
+  class Fused(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return HeadProjection(4, 8, init, name='query')(x.shape[-1])
+
+  x = jnp.ones((1, 32))
+  want = Dense().init(jax.random.PRNGKey(3), x)['params']
+  got = Fused().init(jax.random.PRNGKey(3), x)['params']
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  jax.tree.map(np.testing.assert_array_equal, got, want)
 
 
 @pytest.fixture(scope='module')
