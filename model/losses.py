@@ -31,10 +31,16 @@ def token_losses(logits, targets, label_smoothing: float = 0.0):
   # elementwise pass over [B, T, V], where a gather's would be a scatter into a fresh copy.
   is_target = jnp.arange(logits.shape[-1]) == targets[..., None]  # [B, T, V]
   target_logit = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)  # [B, T]
+  return _smoothed(log_z, target_logit, lambda: logits.mean(-1), label_smoothing)
+
+
+def _smoothed(log_z, target_logit, mean_logit, label_smoothing: float):
+  """(loss, nll) [B, T] from log Z, the target's logit and a thunk of the mean logit over the
+  vocabulary (evaluated only with smoothing): (1 - a) * NLL + a * mean_v(-log p_v)."""
   nll = log_z - target_logit
   if not label_smoothing:
     return nll, nll
-  uniform_nll = log_z - logits.mean(-1)  # [B, T]: mean over v of -log p_v
+  uniform_nll = log_z - mean_logit()  # [B, T]: mean over v of -log p_v
   return (1.0 - label_smoothing) * nll + label_smoothing * uniform_nll, nll
 
 
@@ -83,10 +89,7 @@ def output_layer_sums(logits, hidden, table, targets, weights, label_smoothing: 
   target_rows = jnp.take(table, targets, axis=0).astype(hidden.dtype)  # [B, T, D]
   target_logit = jnp.einsum('...D,...D->...', hidden, target_rows,
                             preferred_element_type=jnp.float32)  # [B, T]
-  nll = log_z - target_logit
-  loss = nll
-  if label_smoothing:
-    mean_logit = jnp.einsum('...D,D->...', hidden, table.mean(0).astype(hidden.dtype),
-                            preferred_element_type=jnp.float32)  # [B, T]
-    loss = (1.0 - label_smoothing) * nll + label_smoothing * (log_z - mean_logit)
+  mean_logit = lambda: jnp.einsum('...D,D->...', hidden, table.mean(0).astype(hidden.dtype),
+                                  preferred_element_type=jnp.float32)  # [B, T]
+  loss, nll = _smoothed(log_z, target_logit, mean_logit, label_smoothing)
   return {'loss': (loss * weights).sum(), 'nll': (nll * weights).sum(), 'tokens': weights.sum()}
