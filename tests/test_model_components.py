@@ -1,14 +1,13 @@
 """Attention, masks, norms, positions and residual wiring against closed forms and NumPy."""
 
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from model import blocks, masks, norms, position
-import flax.linen as nn
-
 from model.attention import HeadProjection, MultiHeadAttention
 
 RNG = np.random.default_rng(0)
