@@ -349,6 +349,23 @@ def test_only_pad_after_eos_and_within_limits(seed):
     assert np.all((tokens == PAD) | (np.arange(T) <= ends[:, None]))
 
 
+@pytest.mark.parametrize('vocab,k', [(8000, 10), (256, 8), (100, 4), (64, 4)])
+def test_top_k_by_blocks_equals_lax_top_k_ties_included(vocab, k):
+  # Values on a coarse grid tie often; rows that are -inf but for a few entries (a forced EOS)
+  # make the tail of the ranking all ties.
+  rng = np.random.default_rng(vocab)
+  x = np.round(rng.normal(size=(3, 5, vocab)) * 4) / 4
+  x[1, 2, :] = -np.inf
+  x[1, 2, [7, 40]] = 0.5
+  x[2, 0, :] = 1.0
+  x = jnp.asarray(x, jnp.float32)
+  values, indices = decoding.top_k_by_blocks(x, k)
+  expected_values, expected_indices = jax.lax.top_k(x, k)
+  np.testing.assert_array_equal(values, expected_values)
+  np.testing.assert_array_equal(indices, expected_indices)
+  assert indices.dtype == jnp.int32
+
+
 def test_tile_beams_keeps_copies_adjacent():
   tree = {'a': jnp.arange(6).reshape(2, 3), 'b': (jnp.arange(2),)}  # [B, 3]
   tiled = decoding.tile_beams(tree, 3)
