@@ -212,6 +212,20 @@ def test_eval_report_equals_sacrebleu_on_the_written_hypotheses(smoke_run):
   assert 'tokenized BLEU' in result.stdout
 
 
+def test_hypotheses_do_not_depend_on_how_the_cpu_is_split(smoke_run, tmp_path):
+  """Each device searches its own rows (partitioning.per_device_rows): the split changes nothing."""
+  workdir, _ = smoke_run
+  hypotheses = {}
+  for devices in (1, 4):
+    out_dir = tmp_path / str(devices)
+    result = run_eval(f'--workdir={workdir}', f'--split={SPLIT}', '--batch_size=64', f'--cpu_devices={devices}',
+                      '--max_length_a=2', '--max_length_b=0.5', f'--out_dir={out_dir}')
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.load(open(out_dir / f'{SPLIT}.json'))['devices'] == f'{devices} x cpu'
+    hypotheses[devices] = (out_dir / f'{SPLIT}.hyp.txt').read_text()
+  assert hypotheses[1] == hypotheses[4] and len(hypotheses[1].splitlines()) == 461
+
+
 def test_scores_of_imperfect_hypotheses_equal_sacrebleu(smoke_run):
   """Non-trivial scores, which the smoke model's hypotheses are not."""
   _, config = smoke_run

@@ -5,7 +5,7 @@ Each process feeds only its own rows and `global_batch` assembles them into one 
 same code runs on one CPU, several local devices, or a multi-host pod.
 """
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -37,6 +37,22 @@ def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, ja
   sharding = batch_sharded(mesh)
   return {name: jax.make_array_from_process_local_data(sharding, value)
           for name, value in local_batch.items()}
+
+
+def per_device_rows(function: Callable, mesh: Mesh) -> Callable:
+  """`function(variables, rows, scalar)`, jitted, run by every device on its own rows.
+
+  A `shard_map` over the 'data' axis: `variables` and `scalar` are replicated, `rows` and every
+  output are split along their leading axis. Nothing passes between devices, so a search's while
+  loop runs on each device until its own rows are done; jit over the mesh would run the devices
+  in lockstep, each step agreeing whether any row anywhere still runs. On a 2-core CPU split into
+  two devices, beam search decoded 1.4x as many sentences per second as on one device.
+  """
+  rows = PartitionSpec(DATA_AXIS)
+  # check_vma=False: the searches start their loops from constants (replicated) that the steps
+  # make per-device; the check exists for collectives and gradients, and there are neither.
+  return jax.jit(jax.shard_map(function, mesh=mesh, in_specs=(PartitionSpec(), rows, PartitionSpec()),
+                               out_specs=rows, check_vma=False))
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:

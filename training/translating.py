@@ -2,8 +2,9 @@
 
 `SplitTranslator` decodes a split's length-grouped batches with a compiled executable per batch
 shape (compiled on first use, timed apart from decoding, reused by every later call, such as each
-validation of a run); on several hosts each process feeds its own rows and the hypotheses are
-gathered on every process. `score` computes every sacrebleu score of eval.py's report.
+validation of a run). Every device searches its own rows of a batch, independently of the others
+(`partitioning.per_device_rows`); on several hosts each process feeds its own rows and the
+hypotheses are gathered on every process. `score` computes every sacrebleu score of eval.py's report.
 """
 
 import time
@@ -53,9 +54,12 @@ class SplitTranslator:
                **settings):
     """Args: batches from pipeline.make_eval_batches (every process the same); settings are
     `model.translate.translate`'s keyword arguments (beam_size, length_penalty, ...)."""
-    self._model, self._tokenizer, self._batches, self._mesh = model, tokenizer, batches, mesh
-    # The length penalty is a traced argument of the compiled call: lowered with it always.
-    self._settings = {'length_penalty': 1.0, **settings}
+    self._tokenizer, self._batches, self._mesh = tokenizer, batches, mesh
+    # The length penalty is a traced argument of the compiled call; the rest are static.
+    self._length_penalty = settings.pop('length_penalty', 1.0)
+    self._search = partitioning.per_device_rows(
+        lambda variables, tokens, length_penalty: translate(
+            model, variables, tokens, length_penalty=length_penalty, **settings), mesh)
     self._executables = {}
     self.num_examples = sum(int((batch['example_index'] >= 0).sum()) for batch in batches)
 
@@ -71,13 +75,11 @@ class SplitTranslator:
     start = time.perf_counter()
     for tokens in inputs:
       if tokens.shape not in self._executables:
-        self._executables[tokens.shape] = translate.lower(
-            self._model, variables, tokens, **self._settings).compile()
+        self._executables[tokens.shape] = self._search.lower(
+            variables, tokens, self._length_penalty).compile()
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    # A compiled call takes the traced arguments only: the length penalty is one of them.
-    length_penalty = self._settings['length_penalty']
-    outputs = [self._executables[tokens.shape](variables, tokens, length_penalty=length_penalty)
+    outputs = [self._executables[tokens.shape](variables, tokens, self._length_penalty)
                for tokens in inputs]
     outputs = [np.asarray(multihost_utils.process_allgather(output, tiled=True))
                for output in outputs]  # waits for the devices
