@@ -8,7 +8,7 @@ import pytest
 
 from training import train_state
 from configs import base, iwslt14, multi30k, smoke
-from configs.sweeps import xiong2020
+from configs.sweeps import packing, xiong2020
 from training import validation
 from training.optimizer import make_optimizer
 
@@ -19,6 +19,7 @@ CONFIGS = {
     'multi30k:en_de': lambda: multi30k.get_config('en_de'),
     'multi30k:de_en_small': lambda: multi30k.get_config('de_en_small'),
     'iwslt14:de_en': lambda: iwslt14.get_config('de_en'),
+    'sweeps/packing': packing.get_config,
     **{f'sweeps/xiong2020:{preset}': functools.partial(xiong2020.get_config, preset)
        for preset in xiong2020.PRESETS},
 }
