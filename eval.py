@@ -123,10 +123,7 @@ def translate_lines(run: trained_model.Restored, lines: list[str], settings: dic
   translated = [row for row, line_ids in enumerate(ids) if line_ids]  # the non-empty lines
   source = token_ids.RaggedIds.from_lists([ids[row] for row in translated])
   variables = partitioning.replicate(run.variables, mesh)
-  static_settings = {name: value for name, value in settings.items() if name != 'length_penalty'}
-  search = partitioning.per_device_rows(
-      lambda variables, tokens, length_penalty: beam_translate(
-          run.model, variables, tokens, length_penalty=length_penalty, **static_settings), mesh)
+  search = translating.search_per_device(beam_translate, run.model, settings, mesh)
   results = [[] for _ in lines]
   for batch in pipeline.make_source_batches(source, batch_size):
     rows = translating.local_rows(batch, len(batch['encoder_input_tokens']))

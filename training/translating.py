@@ -47,6 +47,16 @@ def hypothesis_text(tokenizer: Tokenizer, ids) -> str:
   return ' '.join(tokenizer.decode(ids).splitlines())
 
 
+def search_per_device(search, model: Transformer, settings: dict, mesh):
+  """`search` (`translate` or `beam_translate`) of `model` under `settings`, every device on its own
+  rows (`partitioning.per_device_rows`): a jitted `fn(variables, tokens, length_penalty)`. The
+  length penalty stays a traced argument, so comparing penalties compiles once."""
+  static_settings = {name: value for name, value in settings.items() if name != 'length_penalty'}
+  return partitioning.per_device_rows(
+      lambda variables, tokens, length_penalty: search(
+          model, variables, tokens, length_penalty=length_penalty, **static_settings), mesh)
+
+
 class SplitTranslator:
   """Best hypotheses of a fixed list of batches, detokenised, in example order."""
 
@@ -55,11 +65,8 @@ class SplitTranslator:
     """Args: batches from pipeline.make_eval_batches (every process the same); settings are
     `model.translate.translate`'s keyword arguments (beam_size, length_penalty, ...)."""
     self._tokenizer, self._batches, self._mesh = tokenizer, batches, mesh
-    # The length penalty is a traced argument of the compiled call; the rest are static.
-    self._length_penalty = settings.pop('length_penalty', 1.0)
-    self._search = partitioning.per_device_rows(
-        lambda variables, tokens, length_penalty: translate(
-            model, variables, tokens, length_penalty=length_penalty, **settings), mesh)
+    self._length_penalty = settings.get('length_penalty', 1.0)
+    self._search = search_per_device(translate, model, settings, mesh)
     self._executables = {}
     self.num_examples = sum(int((batch['example_index'] >= 0).sum()) for batch in batches)
 
