@@ -1,12 +1,13 @@
 """Multi-head scaled dot-product attention: self, cross, and one cached decoding step.
 
 Dimensions: B batch, T query length, S key length, D model width, N heads, H head dim,
-C self-attention cache slots.
+C self-attention cache slots, K hypotheses per sentence.
 
 The decoding caches are plain dict pytrees passed in and returned, laid out as a step's two
 products read them (each key slot a column), so no step transposes a whole cache: on CPU those
 transposes took 40% of a beam-search step:
-  self-attention  {'key': [B, N, H, C], 'value': [B, N, C, H]}, filled one slot per step;
+  self-attention  {'key': [B, N, H, C*K], 'value': [B, N, C*K, H]}, a sentence's K hypotheses in
+                  one row, entry c * K + k for slot c of column k, filled one slot per step;
   cross-attention {'key': [B, N, H, S], 'value': [B, N, S, H]}, projected once per source
   batch by `project_source_cache` and only read afterwards.
 Attention logits and softmax are float32 whatever the compute dtype.
@@ -18,7 +19,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from model import masks as masks_lib
 from model import position
 
 Cache = dict[str, jnp.ndarray]
@@ -193,8 +193,8 @@ class MultiHeadAttention(nn.Module):
       logits = logits + bias
     probs = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
     value = cache['value']
-    attended = jnp.einsum('BNTC,BNCH->BTNH', probs.astype(value.dtype), value)  # [B, T, N, H]
-    return self.out(attended)  # [B, T, D]
+    attended = jnp.einsum('BNTC,BNCH->BNTH', probs.astype(value.dtype), value)  # [B, N, T, H]
+    return self.out(attended.transpose(0, 2, 1, 3))  # [B, T, N, H] -> [B, T, D]
 
   def cross_step(self, x, source_cache: Cache, mask):
     """Attention of x [B, T, D] (a sentence's hypotheses as its T queries) to one source batch's
@@ -202,30 +202,37 @@ class MultiHeadAttention(nn.Module):
     (query,) = self._project(x, [self.query])  # [B, T, N, H]
     return self._cached_attention(query, source_cache, mask)
 
-  def decode_step(self, x, cache: Cache, position_index) -> tuple[jnp.ndarray, Cache]:
-    """Self-attention of one new token x [B, 1, D] at `position_index` over the cache.
+  def decode_step(self, x, cache: Cache, position_index, mask) -> tuple[jnp.ndarray, Cache]:
+    """Self-attention of one new token per hypothesis, x [B, K, D], at `position_index`.
 
-    Writes this token's key and value into slot `position_index` and attends to slots
-    0..position_index, which is what the causal mask allows in the full pass. The products are
-    `xla_attention`'s, over the cache's layout, whatever `impl` the full passes use.
+    Writes the K hypotheses' keys and values into slot `position_index` of their sentence's
+    cache row and attends, as K queries, to the slots and rows `mask` [B, 1, K, C*K] allows: each
+    hypothesis's own history (`Transformer.decode_step`), which is what the causal mask allows in
+    the full pass. Beam search never moves these rows: a re-ranked hypothesis keeps reading its
+    ancestors' slots where they were written. The products are `xla_attention`'s, over the
+    cache's layout, whatever `impl` the full passes use.
     """
-    positions = jnp.full((x.shape[0], 1), position_index, dtype=jnp.int32)  # [B, 1]
-    query, new_key, new_value = self._project_qkv(x, positions)  # [B, 1, N, H] each
+    batch, beams, _ = x.shape
+    positions = jnp.full((batch, beams), position_index, dtype=jnp.int32)  # [B, K]
+    query, new_key, new_value = self._project_qkv(x, positions)  # [B, K, N, H] each
+    # Slot c of column k is entry c * K + k: one write per step, and the products read the very
+    # buffer written (a reshaped view made XLA write it twice, one copy per reader).
     key = jax.lax.dynamic_update_slice_in_dim(
-        cache['key'], new_key.transpose(0, 2, 3, 1).astype(cache['key'].dtype), position_index,
-        axis=3)  # [B, N, H, C]
+        cache['key'], new_key.transpose(0, 2, 3, 1).astype(cache['key'].dtype),
+        position_index * beams, axis=3)  # [B, N, H, C*K]
     value = jax.lax.dynamic_update_slice_in_dim(
         cache['value'], new_value.transpose(0, 2, 1, 3).astype(cache['value'].dtype),
-        position_index, axis=2)  # [B, N, C, H]
-    bias = None
-    if self.linear_bias:  # slot c holds position c
-      bias = position.alibi_bias(positions[:1], jnp.arange(key.shape[-1])[None], self.num_heads)
-    mask = masks_lib.cached_step_mask(position_index, key.shape[-1])  # [1, 1, 1, C]
+        position_index * beams, axis=2)  # [B, N, C*K, H]
     cache = {'key': key, 'value': value}
+    bias = None
+    if self.linear_bias:  # entry c * K + k holds position c
+      key_positions = jnp.arange(key.shape[-1])[None] // beams  # [1, C*K]
+      bias = position.alibi_bias(positions[:1, :1], key_positions, self.num_heads)  # [1, N, 1, C*K]
     return self._cached_attention(query, cache, mask, bias), cache
 
-  def empty_cache(self, batch_size: int, length: int) -> Cache:
-    """Zero self-attention cache of `length` slots."""
+  def empty_cache(self, batch_size: int, beam_size: int, length: int) -> Cache:
+    """Zero self-attention cache of `length` slots for the `beam_size` hypotheses of each of
+    `batch_size` sentences, a sentence's hypotheses in one row."""
     head_dim = self.d_model // self.num_heads
-    return {'key': jnp.zeros((batch_size, self.num_heads, head_dim, length), self.dtype),  # [B, N, H, C]
-            'value': jnp.zeros((batch_size, self.num_heads, length, head_dim), self.dtype)}  # [B, N, C, H]
+    return {'key': jnp.zeros((batch_size, self.num_heads, head_dim, length * beam_size), self.dtype),  # [B, N, H, C*K]
+            'value': jnp.zeros((batch_size, self.num_heads, length * beam_size, head_dim), self.dtype)}  # [B, N, C*K, H]

@@ -244,20 +244,18 @@ class DecoderLayer(_Layer):
                                                           deterministic=not train)
     return self._cross_and_ffn(x, attend_source, token_mask, train)
 
-  def decode_step(self, x, self_cache: Cache, source_cache: Cache, cross_mask, position_index):
-    """One token per hypothesis x [R, 1, D] at `position_index`. Returns (x, new self cache).
+  def decode_step(self, x, self_cache: Cache, source_cache: Cache, cross_mask, self_mask,
+                  position_index):
+    """One token per hypothesis x [B, K, D] at `position_index`. Returns (x, new self cache).
 
-    source_cache (`project_source_cache`) and cross_mask [B, 1, 1, S] have one row per
-    sentence, R = B * K with a sentence's K hypotheses adjacent: they attend as the K queries
-    of their sentence's row.
+    A sentence's K hypotheses are the K queries of its row: of its self-attention cache, read
+    under `self_mask` [B, 1, K, C*K] (`masks.hypothesis_history_mask`), and of its source_cache
+    (`project_source_cache`) under cross_mask [B, 1, 1, S].
     """
-    attend = lambda h: self.self_attention.decode_step(h, self_cache, position_index)
+    attend = lambda h: self.self_attention.decode_step(h, self_cache, position_index, self_mask)
     x, self_cache = self.connect(x, attend, 'self_attention', None, False)
-    rows, _, width = x.shape
-    x = x.reshape(cross_mask.shape[0], -1, width)  # [R, 1, D] -> [B, K, D]
     attend_source = lambda h: self.cross_attention.cross_step(h, source_cache, cross_mask)
-    x = self._cross_and_ffn(x, attend_source, None, False)
-    return x.reshape(rows, 1, width), self_cache
+    return self._cross_and_ffn(x, attend_source, None, False), self_cache
 
-  def empty_self_cache(self, batch_size: int, length: int) -> Cache:
-    return self.self_attention.empty_cache(batch_size, length)
+  def empty_self_cache(self, batch_size: int, beam_size: int, length: int) -> Cache:
+    return self.self_attention.empty_cache(batch_size, beam_size, length)

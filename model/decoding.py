@@ -6,7 +6,9 @@ The searches see the model only through a step function,
 
 which feeds one token per row (`tokens` int32 [N], `position` the int32 index of
 the fed token, 0 for BOS) and returns float32 next-token logits [N, V]. The cache
-is any pytree whose leaves all have leading dimension N; the context (the
+is any pytree whose leaves all have leading dimension N, or a `SearchCache` whose
+`hypotheses` have leading dimension N and whose `sentences` have B (state that
+step_fn writes per sentence, which beam search never reorders); the context (the
 source, read only) any pytree whose leaves have leading dimension B, or None.
 The searches are `jax.lax.while_loop`s that exit as soon as every sentence is
 finished, so a whole search compiles under
@@ -27,6 +29,7 @@ Dimensions:
 """
 
 import numbers
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -70,6 +73,27 @@ def tile_beams(tree, beam_size):
     The pytree with every leaf [B, ...] -> [B*K, ...].
   """
   return jax.tree.map(lambda x: jnp.repeat(x, beam_size, axis=0), tree)
+
+
+class SearchCache(NamedTuple):
+  """A decoding cache in two parts, for state a sentence's hypotheses share.
+
+  hypotheses: pytree of [N]-leading arrays, one row per hypothesis; beam search
+    reorders them as beams are re-ranked.
+  sentences: pytree of [B]-leading arrays, one row per sentence, that step_fn
+    writes; beam search never reorders them (a self-attention cache that holds
+    every hypothesis's keys in its sentence's row, `Transformer.init_cache`), and
+    drops them with their sentence.
+  """
+  hypotheses: Any
+  sentences: Any
+
+
+def _reorder(cache, rows):
+  """The cache after re-ranking: row i of every hypothesis leaf is old row rows[i]."""
+  if isinstance(cache, SearchCache):
+    return cache._replace(hypotheses=_take_rows(cache.hypotheses, rows))
+  return _take_rows(cache, rows)
 
 
 def _eos_steps(max_lengths, batch_size, max_length):
@@ -179,9 +203,14 @@ def _take_sentences(state, keep, beam_size):
   """The sentences `keep` [M] of a search state: [B]-leading leaves by sentence, the cache's
   [B*K]-leading leaves by each kept sentence's K rows."""
   rows = (keep[:, None] * beam_size + jnp.arange(beam_size)).reshape(-1)  # [M*K]
+  cache = state['cache']
+  if isinstance(cache, SearchCache):
+    cache = SearchCache(_take_rows(cache.hypotheses, rows), _take_rows(cache.sentences, keep))
+  else:
+    cache = _take_rows(cache, rows)
   return {**_take_rows({name: value for name, value in state.items()
                         if name not in ('i', 'cache')}, keep),
-          'i': state['i'], 'cache': _take_rows(state['cache'], rows)}
+          'i': state['i'], 'cache': cache}
 
 
 def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=None,
@@ -215,7 +244,8 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=No
       phase.
     cache: pytree of arrays with leading dimension B*K, sentence b's K rows at
       b*K .. b*K+K-1 (`tile_beams` of a per-sentence cache); every leaf is
-      reordered along axis 0 as beams are re-ranked.
+      reordered along axis 0 as beams are re-ranked. Or a `SearchCache`, whose
+      `hypotheses` are reordered so and whose `sentences` ([B]-leading) are not.
     batch_size: B.
     beam_size: K.
     max_length: T, most tokens generated (static int).
@@ -314,7 +344,7 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=No
         'alive_log_probs': alive_log_probs,
         'finished_seqs': finished_seqs,
         'finished_scores': finished_scores,
-        'cache': _take_rows(cache, rows),
+        'cache': _reorder(cache, rows),
     }
     new_state['done'] = done | is_done(new_state)
     return new_state

@@ -68,14 +68,23 @@ def decoder_self_mask(target_segments: jnp.ndarray) -> jnp.ndarray:
   return segment_mask(target_segments, target_segments) & causal_mask(target_segments.shape[1])
 
 
-def cached_step_mask(position: jnp.ndarray, cache_length: int) -> jnp.ndarray:
-  """Mask of one incremental decoding step: the query at `position` sees cache slots <= position.
+def hypothesis_history_mask(history: jnp.ndarray, position: jnp.ndarray) -> jnp.ndarray:
+  """Mask of one incremental decoding step over a sentence's shared self-attention cache.
+
+  The cache row of a sentence holds, in each slot c < position, the keys of its K hypotheses
+  of that step; the query of hypothesis q at `position` sees slot c of the hypothesis its own
+  prefix went through there, history[q, c], for every c <= position, which is what the causal
+  mask allows in the full pass.
 
   Args:
+    history: int32 [B, K, C], which of the sentence's K cache columns holds each hypothesis's
+      slot c (history[:, q, position] = q: the token fed now).
     position: int32 scalar, the index of the token being fed.
-    cache_length: slots in the self-attention cache.
 
   Returns:
-    [1, 1, 1, cache_length] bool.
+    [B, 1, K, C*K] bool, entry c * K + k for slot c of column k.
   """
-  return (jnp.arange(cache_length) <= position)[None, None, None, :]
+  batch, beams, slots = history.shape
+  mask = ((history[..., None] == jnp.arange(beams))  # [B, K, C, K]
+          & (jnp.arange(slots) <= position)[:, None])
+  return mask.reshape(batch, 1, beams, slots * beams)

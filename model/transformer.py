@@ -10,7 +10,7 @@ Entry points (all pure: parameters and caches go in and come out):
   encode(encoder_input_tokens, train, segment_ids, positions) -> encoded [B, S, D]
   decode(encoded, encoder_input_tokens, decoder_input_tokens, train, **packing) -> logits [B, T, V]
   source_cache(encoded, encoder_input_tokens) -> source_cache
-  init_cache(rows, max_decode_length) -> cache
+  init_cache(batch_size, beam_size, max_decode_length) -> cache
   decode_step(tokens [R], cache, position_index, source_cache) -> (logits [R, V], cache)
 Token id 0 is padding everywhere.
 
@@ -24,17 +24,22 @@ Decoding keeps two pytrees apart:
   source_cache {'encoder_mask': [B, S] bool, 'layers': [{'key' [B, N, H, S], 'value' [B, N, S, H]}, ...]}:
     each decoder layer's cross-attention keys/values, one row per sentence, computed once and
     only read afterwards;
-  cache [{'key' [R, N, H, C], 'value' [R, N, C, H]}, ...]: each decoder layer's self-attention
-    keys/values, one row per hypothesis, R = B * K with a sentence's K hypotheses adjacent (K = 1 greedy).
-Beam search reorders only `cache`; cross-attention reads the source rows directly, with a
-sentence's K hypotheses as K queries of one row, so the constant keys/values are never copied.
+  cache, a decoding.SearchCache:
+    hypotheses {'history': [R, C] int}: for each hypothesis (R = B * K, a sentence's K hypotheses
+      adjacent; K = 1 greedy), which of its sentence's K cache columns holds its slot c;
+    sentences [{'key' [B, N, H, C*K], 'value' [B, N, C*K, H]}, ...]: each decoder layer's
+      self-attention keys/values, one row per sentence, entry c * K + k (slot c of column k)
+      written by the hypothesis in row k at step c.
+Beam search reorders only `history` (ints); keys and values stay where they were written, and a
+sentence's K hypotheses attend as K queries of its row, to their own histories (as they do to the
+source rows in cross-attention), so neither cache is ever copied.
 """
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from model import masks
+from model import decoding, masks
 from model.blocks import PLACEMENTS, DecoderLayer, EncoderLayer
 from model.config import ModelConfig
 from model.norms import NORMS
@@ -185,22 +190,36 @@ class Transformer(nn.Module):
     return {'encoder_mask': masks.token_mask(encoder_input_tokens),  # [B, S]
             'layers': [layer.project_source_cache(encoded) for layer in self.decoder_layers]}
 
-  def init_cache(self, rows: int, max_decode_length: int):
-    """Empty self-attention cache of `rows` hypotheses with `max_decode_length` slots each."""
-    return [layer.empty_self_cache(rows, max_decode_length) for layer in self.decoder_layers]
+  def init_cache(self, batch_size: int, beam_size: int, max_decode_length: int) -> decoding.SearchCache:
+    """Empty decoding cache of `beam_size` hypotheses for each of `batch_size` sentences, with
+    `max_decode_length` slots each (see the module docstring)."""
+    rows = batch_size * beam_size
+    return decoding.SearchCache(
+        hypotheses={'history': jnp.zeros((rows, max_decode_length), jnp.int32)},  # [R, C]
+        sentences=[layer.empty_self_cache(batch_size, beam_size, max_decode_length)
+                   for layer in self.decoder_layers])
 
-  def decode_step(self, tokens, cache, position_index, source_cache):
+  def decode_step(self, tokens, cache: decoding.SearchCache, position_index, source_cache):
     """Feeds tokens [R] at `position_index` (0 for BOS); returns logits [R, V] and the new cache.
 
     R is a multiple of the source batch B: rows b*K .. b*K+K-1 continue sentence b.
     """
-    positions = jnp.full((tokens.shape[0], 1), position_index, dtype=jnp.int32)  # [R, 1]
-    x = self._embed(self._target_embedding(), self.decoder_positions, tokens[:, None], positions, False)  # [R, 1, D]
+    batch = source_cache['encoder_mask'].shape[0]
+    rows = tokens.shape[0]
+    beams = rows // batch
+    # The token fed now is each hypothesis's own: its keys go to its own column of the slot.
+    history = cache.hypotheses['history'].at[:, position_index].set(jnp.arange(rows) % beams)  # [R, C]
+    self_mask = masks.hypothesis_history_mask(history.reshape(batch, beams, -1), position_index)
+    positions = jnp.full((batch, beams), position_index, dtype=jnp.int32)  # [B, K]
+    x = self._embed(self._target_embedding(), self.decoder_positions,
+                    tokens.reshape(batch, beams), positions, False)  # [B, K, D]
     cross_mask = source_cache['encoder_mask'][:, None, None, :]  # [B, 1, 1, S]
     new_cache = []
-    for layer, layer_cache, layer_source in zip(self.decoder_layers, cache, source_cache['layers']):
-      x, layer_cache = layer.decode_step(x, layer_cache, layer_source, cross_mask, position_index)
+    for layer, layer_cache, layer_source in zip(self.decoder_layers, cache.sentences,
+                                                source_cache['layers']):
+      x, layer_cache = layer.decode_step(x, layer_cache, layer_source, cross_mask, self_mask,
+                                         position_index)
       new_cache.append(layer_cache)
     x = self._final_norm('decoder_final_norm', x, None, False)
-    logits = self._logits(x[:, 0])  # [R, V]
-    return logits, new_cache
+    logits = self._logits(x.reshape(rows, -1))  # [R, V]
+    return logits, decoding.SearchCache({'history': history}, new_cache)

@@ -16,13 +16,13 @@ def _search_inputs(model: Transformer, variables, encoder_input_tokens, beam_siz
   """Step function, cache and length limits that both searches start from.
 
   The encoder runs once and the cross-attention keys/values are projected once per source
-  batch, into the source cache the step function reads; only the self-attention cache, one row
-  per hypothesis, goes through the search (and is reordered by beam search).
+  batch, into the source cache the step function reads; only the self-attention cache goes
+  through the search (beam search reorders its hypotheses' histories, not its keys and values).
 
   Returns:
     (step_fn, cache, source_cache, max_length, max_lengths): the model's `decode_step` over
-    `variables`, the empty [B*K]-leading cache, the [B]-leading source cache (the searches'
-    context), the static output length T and the per-sentence limits int32 [B].
+    `variables`, the empty cache (`Transformer.init_cache`), the [B]-leading source cache (the
+    searches' context), the static output length T and the per-sentence limits int32 [B].
   """
   batch_size, source_length = encoder_input_tokens.shape
   max_length = decoding.decode_length_limit(source_length, max_length_a, max_length_b)
@@ -30,7 +30,7 @@ def _search_inputs(model: Transformer, variables, encoder_input_tokens, beam_siz
   max_lengths = decoding.decode_length_limit(source_lengths, max_length_a, max_length_b)  # [B]
   encoded = model.apply(variables, encoder_input_tokens, method=Transformer.encode)  # [B, S, D]
   source_cache = model.apply(variables, encoded, encoder_input_tokens, method=Transformer.source_cache)
-  cache = model.apply(variables, batch_size * beam_size, max_length, method=Transformer.init_cache)
+  cache = model.apply(variables, batch_size, beam_size, max_length, method=Transformer.init_cache)
 
   def step_fn(tokens, cache, position, source_cache):
     return model.apply(variables, tokens, cache, position, source_cache, method=Transformer.decode_step)

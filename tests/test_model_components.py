@@ -149,7 +149,11 @@ def test_masks_are_the_explicit_matrices():
   np.testing.assert_array_equal(got, [[1, 0], [1, 0], [0, 0]])
   got = masks.decoder_self_mask(jnp.array([[1, 1, 0]], bool))[0, 0]
   np.testing.assert_array_equal(got, [[1, 0, 0], [1, 1, 0], [0, 0, 0]])
-  np.testing.assert_array_equal(masks.cached_step_mask(jnp.int32(1), 4)[0, 0, 0], [1, 1, 0, 0])
+  # Slot c of cache column k is entry c * K + k; hypothesis 0 went through columns 1, 0, 0 of
+  # slots 0-2, hypothesis 1 through 1, 1, 1; at position 1 slot 2 is not written yet.
+  history = jnp.array([[[1, 0, 0], [1, 1, 1]]])  # [B=1, K=2, C=3]
+  got = masks.hypothesis_history_mask(history, jnp.int32(1))[0, 0]  # [K, C*K]
+  np.testing.assert_array_equal(got, [[0, 1, 1, 0, 0, 0], [0, 1, 0, 1, 0, 0]])
 
 
 # ---- positions ----

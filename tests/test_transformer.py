@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from configs import base
-from model import admin, blocks, flops, losses, transformer
+from model import admin, blocks, decoding, flops, losses, transformer
 from model.config import ModelConfig
 from model.transformer import Transformer
 
@@ -51,7 +51,7 @@ def test_incremental_decoding_equals_full_forward(position, norm, norm_position)
   def incremental(variables):
     encoded = model.apply(variables, SOURCE, method=Transformer.encode)
     source_cache = model.apply(variables, encoded, SOURCE, method=Transformer.source_cache)
-    cache = model.apply(variables, SOURCE.shape[0], TARGET_IN.shape[1], method=Transformer.init_cache)
+    cache = model.apply(variables, SOURCE.shape[0], 1, TARGET_IN.shape[1], method=Transformer.init_cache)
     steps = []
     for t in range(TARGET_IN.shape[1]):
       logits, cache = model.apply(variables, TARGET_IN[:, t], cache, t, source_cache,
@@ -83,11 +83,53 @@ def test_hypotheses_of_one_sentence_share_its_source_cache_row():
     return logits
 
   together = run(prefixes, source_cache,
-                 model.apply(variables, len(prefixes), 3, method=Transformer.init_cache))
+                 model.apply(variables, SOURCE.shape[0], beams, 3, method=Transformer.init_cache))
   for row, prefix in enumerate(prefixes):
     sentence = jax.tree.map(lambda x: x[row // beams][None], source_cache)
-    alone = run(prefix[None], sentence, model.apply(variables, 1, 3, method=Transformer.init_cache))
+    alone = run(prefix[None], sentence, model.apply(variables, 1, 1, 3, method=Transformer.init_cache))
     np.testing.assert_allclose(together[row], alone[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('position', ['sinusoidal', 'rope', 'alibi'])
+def test_beam_search_over_the_shared_cache_equals_beam_search_over_full_passes(position):
+  # The cache keeps every key where it was written and beam search reorders only each
+  # hypothesis's history; a step function that recomputes each hypothesis's whole prefix from
+  # scratch (its prefix reordered with it) must give the same hypotheses and scores, phases
+  # that drop finished sentences included.
+  model = Transformer(tiny_config(position=position))
+  variables = init(model)
+  # A spread-out output layer, so that no two candidates tie within float rounding.
+  params = dict(variables['params'])
+  params['source_embedding'] = {'embedding': 6.0 * params['source_embedding']['embedding']}
+  variables = dict(variables, params=params)
+  batch, beams, length = SOURCE.shape[0], 3, 6
+
+  def no_pad(logits):  # a fed pad token would be masked in the full pass, not in the cache
+    return logits.at[:, 0].set(-jnp.inf)
+
+  def cached_step(tokens, cache, position_index, source_cache):
+    logits, cache = model.apply(variables, tokens, cache, position_index, source_cache,
+                                method=Transformer.decode_step)
+    return no_pad(logits), cache
+
+  def full_step(tokens, cache, position_index, source):
+    prefix = cache['prefix'].at[:, position_index].set(tokens)  # [R, T]
+    logits = model.apply(variables, jnp.repeat(source, len(tokens) // len(source), axis=0), prefix)
+    return no_pad(logits[:, position_index]), {'prefix': prefix}
+
+  search = lambda step, cache, context: decoding.beam_search(
+      step, cache, batch_size=batch, beam_size=beams, max_length=length, context=context,
+      length_penalty=1.0, smallest_batch=1)
+  encoded = model.apply(variables, SOURCE, method=Transformer.encode)
+  source_cache = model.apply(variables, encoded, SOURCE, method=Transformer.source_cache)
+  cached = jax.jit(lambda: search(
+      cached_step, model.apply(variables, batch, beams, length, method=Transformer.init_cache),
+      source_cache))()
+  full = jax.jit(lambda: search(
+      full_step, {'prefix': jnp.zeros((batch * beams, length), jnp.int32)}, SOURCE))()
+  np.testing.assert_array_equal(cached[0], full[0])
+  np.testing.assert_allclose(cached[1], full[1], rtol=1e-5)
+  assert np.isfinite(np.asarray(cached[1])).all()
 
 
 def test_recorded_cross_attention_weights_are_distributions_over_the_real_source():
