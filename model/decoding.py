@@ -112,7 +112,7 @@ def greedy_search(step_fn, cache, *, batch_size, max_length, context=None,
 
   Args:
     step_fn: `(tokens [B], cache, position, context) -> (logits [B, V], cache)`.
-    cache: pytree of arrays with leading dimension B.
+    cache: pytree of arrays with leading dimension B, or a `SearchCache`.
     batch_size: B.
     max_length: T, most tokens generated (static int).
     context: pytree of arrays with leading dimension B that step_fn reads.
