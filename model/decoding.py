@@ -89,11 +89,13 @@ class SearchCache(NamedTuple):
   sentences: Any
 
 
-def _reorder(cache, rows):
-  """The cache after re-ranking: row i of every hypothesis leaf is old row rows[i]."""
-  if isinstance(cache, SearchCache):
-    return cache._replace(hypotheses=_take_rows(cache.hypotheses, rows))
-  return _take_rows(cache, rows)
+def _take_cache(cache, rows, sentences=None):
+  """The cache's hypothesis rows `rows` and, when given, its sentence rows `sentences` (the
+  sentence leaves of a `SearchCache` stay in place otherwise: re-ranking keeps every sentence)."""
+  if not isinstance(cache, SearchCache):
+    return _take_rows(cache, rows)
+  return SearchCache(_take_rows(cache.hypotheses, rows),
+                     cache.sentences if sentences is None else _take_rows(cache.sentences, sentences))
 
 
 def _eos_steps(max_lengths, batch_size, max_length):
@@ -203,14 +205,9 @@ def _take_sentences(state, keep, beam_size):
   """The sentences `keep` [M] of a search state: [B]-leading leaves by sentence, the cache's
   [B*K]-leading leaves by each kept sentence's K rows."""
   rows = (keep[:, None] * beam_size + jnp.arange(beam_size)).reshape(-1)  # [M*K]
-  cache = state['cache']
-  if isinstance(cache, SearchCache):
-    cache = SearchCache(_take_rows(cache.hypotheses, rows), _take_rows(cache.sentences, keep))
-  else:
-    cache = _take_rows(cache, rows)
   return {**_take_rows({name: value for name, value in state.items()
                         if name not in ('i', 'cache')}, keep),
-          'i': state['i'], 'cache': cache}
+          'i': state['i'], 'cache': _take_cache(state['cache'], rows, keep)}
 
 
 def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=None,
@@ -344,7 +341,7 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=No
         'alive_log_probs': alive_log_probs,
         'finished_seqs': finished_seqs,
         'finished_scores': finished_scores,
-        'cache': _reorder(cache, rows),
+        'cache': _take_cache(cache, rows),
     }
     new_state['done'] = done | is_done(new_state)
     return new_state
