@@ -2,6 +2,8 @@
 
   SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --recipe=tiny
   SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --recipe=small --steps=120
+  SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --recipe=small \
+      --pack_length=32 --max_tokens=3520     # packed rows, as many real tokens per batch as unpacked
 
 Runs `training.trainer.train_and_evaluate` (the loop users run: the grain pipeline, bucketed batches with
 their real padding, the per-step host work) for `--steps` steps of a recipe matching
@@ -52,6 +54,8 @@ OUT = flags.DEFINE_string('out', None, 'Write the measurements here as JSON.')
 WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (default: a fresh temporary one).')
 PACK_LENGTH = flags.DEFINE_integer('pack_length', 0, 'config.data.pack_length: pack pairs into rows '
                                    'of this many tokens (0: one pair per row).')
+MAX_TOKENS = flags.DEFINE_integer('max_tokens', 4096, 'config.data.max_tokens: padded tokens per '
+                                  'batch and side (fairseq bench.sh: --max-tokens 4096).', lower_bound=1)
 MICROBATCH_TOKENS = flags.DEFINE_integer('microbatch_tokens', None, 'config.train.microbatch_tokens: '
                                          'compute each step in slices of this many tokens (0: the '
                                          'whole batch; default: by platform, 512 on a CPU).')
@@ -60,10 +64,12 @@ DTYPE = flags.DEFINE_enum('dtype', 'float32', list(DTYPES), 'config.model.dtype:
 
 
 def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int = 0,
-                  microbatch_tokens: int | None = None, dtype: str = 'float32'):
+                  microbatch_tokens: int | None = None, dtype: str = 'float32',
+                  max_tokens: int = 4096):
   config = multi30k.get_config('de_en_small')
   config.model.dtype = dtype
   config.data.pack_length = pack_length
+  config.data.max_tokens = max_tokens
   config.train.microbatch_tokens = microbatch_tokens
   for section, fields in RECIPES[recipe].items():
     config[section].update(fields)
@@ -113,11 +119,12 @@ def flops_per_target_token(config) -> float:
 def main(argv):
   del argv
   config = recipe_config(RECIPE.value, STEPS.value, LOG_EVERY.value, PACK_LENGTH.value,
-                         MICROBATCH_TOKENS.value, DTYPE.value)
+                         MICROBATCH_TOKENS.value, DTYPE.value, MAX_TOKENS.value)
   with tempfile.TemporaryDirectory() as scratch:
     report = measure(config, WORKDIR.value or scratch)
   report['recipe'] = RECIPE.value
   report['pack_length'] = PACK_LENGTH.value
+  report['max_tokens'] = MAX_TOKENS.value
   report['microbatch_tokens'] = train_state.microbatch_tokens(config)
   report['dtype'] = DTYPE.value
   report['matmul_flops_per_target_token'] = flops_per_target_token(config)
