@@ -5,14 +5,14 @@ the same tokens no worse than one pair per row.
   python -m scripts.sweep configs/sweeps/packing.py --workdir=runs/packing
   python -m scripts.report runs/packing --colour_by=pack_length
 
-Grid: pack_length 0 (one pair per row, the recipes' batching) and 32 (rows of 32 tokens, several
-pairs each, attention kept within a pair) at the recipe's max_tokens 4096, and 32 again at
+Grid: pack_length 0 (one pair per row, the recipes' batching until 2026-11-25) and 32 (rows of 32
+tokens, several pairs each, attention kept within a pair) at max_tokens 4096, and 32 again at
 max_tokens 3520, 3 seeds each: 9 runs of `configs/multi30k.py:de_en` trained for the same number
 of epochs, so every run sees each training pair the same number of times. Packed batches hold
 more real tokens, so at the same max_tokens a packed epoch has fewer steps (128 against 150);
 at 3520 it has 149, so that arm changes only how rows are filled, not how many steps an epoch
-takes. Each run's cosine schedule spans its own steps. Validation loss at the end. On the 2-core
-Zen 5 VM a packed run takes ~5 min and an unpacked one ~7.
+takes; `:de_en` and `:en_de` now batch that way. Each run's cosine schedule spans its own steps.
+Validation loss at the end. On the 2-core Zen 5 VM a packed run takes ~5 min and an unpacked one ~7.
 """
 
 from configs import multi30k
@@ -23,6 +23,8 @@ EPOCHS = 6
 
 def get_config():
   config = multi30k.get_config('de_en')
+  # The batching the preset had before it packed: one pair per row, 4096 padded tokens per batch.
+  config.data.update(pack_length=0, max_tokens=4096)
   config.train.update(num_steps=0, num_epochs=EPOCHS, eval_every=10_000, checkpoint_every=10_000,
                       keep_checkpoints=1)
   return config
