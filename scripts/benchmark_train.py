@@ -55,11 +55,11 @@ STEPS = flags.DEFINE_integer('steps', 120, 'Training steps (fairseq bench.sh: 12
 LOG_EVERY = flags.DEFINE_integer('log_every', 20, 'Steps per throughput window (fairseq: 20).')
 OUT = flags.DEFINE_string('out', None, 'Write the measurements here as JSON.')
 WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (default: a fresh temporary one).')
-PACK_LENGTH = flags.DEFINE_integer('pack_length', 32, 'config.data.pack_length: pack pairs into rows '
-                                   'of this many tokens (0: one pair per row).')
-MAX_TOKENS = flags.DEFINE_integer('max_tokens', 3520, 'config.data.max_tokens: padded tokens per '
-                                  'batch and side (the presets: 3520 packed, 4096 one pair per row).',
-                                  lower_bound=1)
+PACK_LENGTH = flags.DEFINE_integer('pack_length', None, 'config.data.pack_length: pack pairs into '
+                                   'rows of this many tokens (0: one pair per row; default: the '
+                                   ':de_en preset\'s).')
+MAX_TOKENS = flags.DEFINE_integer('max_tokens', None, 'config.data.max_tokens: padded tokens per '
+                                  'batch and side (default: the :de_en preset\'s).', lower_bound=1)
 MICROBATCH_TOKENS = flags.DEFINE_integer('microbatch_tokens', None, 'config.train.microbatch_tokens: '
                                          'compute each step in slices of this many tokens (0: the '
                                          'whole batch; default: by platform, 512 on a CPU).')
@@ -67,13 +67,17 @@ DTYPE = flags.DEFINE_enum('dtype', 'float32', list(DTYPES), 'config.model.dtype:
                           '(params, logits, softmax, norm statistics and the loss stay float32).')
 
 
-def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int = 32,
+def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int | None = None,
                   microbatch_tokens: int | None = None, dtype: str = 'float32',
-                  max_tokens: int = 3520):
-  config = multi30k.get_config('de_en_small')
+                  max_tokens: int | None = None):
+  """The :de_en preset (its data and batching) with the recipe's model and optimizer; None keeps
+  the preset's pack_length and max_tokens."""
+  config = multi30k.get_config('de_en')
   config.model.dtype = dtype
-  config.data.pack_length = pack_length
-  config.data.max_tokens = max_tokens
+  if pack_length is not None:
+    config.data.pack_length = pack_length
+  if max_tokens is not None:
+    config.data.max_tokens = max_tokens
   config.train.microbatch_tokens = microbatch_tokens
   for section, fields in RECIPES[recipe].items():
     config[section].update(fields)
@@ -127,8 +131,8 @@ def main(argv):
   with tempfile.TemporaryDirectory() as scratch:
     report = measure(config, WORKDIR.value or scratch)
   report['recipe'] = RECIPE.value
-  report['pack_length'] = PACK_LENGTH.value
-  report['max_tokens'] = MAX_TOKENS.value
+  report['pack_length'] = config.data.pack_length
+  report['max_tokens'] = config.data.max_tokens
   report['microbatch_tokens'] = train_state.microbatch_tokens(config)
   report['dtype'] = DTYPE.value
   report['matmul_flops_per_target_token'] = flops_per_target_token(config)
