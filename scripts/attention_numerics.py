@@ -1,11 +1,12 @@
 """A fused attention kernel against the XLA einsum path: loss, gradient norm and logits on one batch.
 
-  XLA_FLAGS=--xla_gpu_enable_triton_gemm=false python -m scripts.attention_numerics   # on a GPU
-  python -m scripts.attention_numerics --fused_impl=jax                              # on a CPU
+  XLA_FLAGS=--xla_gpu_enable_triton_gemm=false python -m scripts.attention_numerics \
+      --config=configs/iwslt14.py --config.model.num_encoder_layers=2 \
+      --config.model.num_decoder_layers=2                  # on a GPU; --fused_impl=jax on a CPU
 
-The IWSLT model (configs/iwslt14.py) cut to 2+2 layers, which compiles faster and exercises the
-same attention calls, on 64 random sentence pairs padded to 32 tokens from real lengths of 8-32.
-Three runs from the same parameters: float32 with XLA attention (the reference), bfloat16 with XLA
+The config's model (above, the IWSLT model cut to 2+2 layers, which compiles faster and makes
+the same attention calls) on 64 random sentence pairs padded to 32 tokens from real lengths of
+8-32. Three runs from the same parameters: float32 with XLA attention (the reference), bfloat16 with XLA
 attention, and bfloat16 with the fused kernel (`--fused_impl`, default cuDNN). The fused kernel is
 as good as the XLA path where its distance to the reference is that of the XLA path in the same
 dtype. A measurement to read, not a test: cuDNN's kernel exists only on NVIDIA GPUs.
@@ -17,19 +18,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from configs import iwslt14
 from model.special_tokens import EOS_ID, PAD_ID
-from scripts.benchmark import synthetic_batch
-from training import train_state
+from scripts.benchmark import synthetic_batch  # also defines --config
+from training import command_line, train_state
 
 FUSED_IMPL = flags.DEFINE_enum('fused_impl', 'cudnn', ['cudnn', 'jax'],
                                'Fused attention kernel compared with the XLA path.')
-VOCAB_SIZE = 10000  # the IWSLT config's
 
 
-def padded_batch(rows: int = 64, length: int = 32, seed: int = 3) -> dict[str, np.ndarray]:
+def padded_batch(vocab_size: int, rows: int = 64, length: int = 32, seed: int = 3) -> dict[str, np.ndarray]:
   """Random pairs of real lengths 8..length, EOS-terminated and padded to `length`."""
-  batch = synthetic_batch(rows, length, length, VOCAB_SIZE)
+  batch = synthetic_batch(rows, length, length, vocab_size)
   rng = np.random.default_rng(seed)
   for row in range(rows):
     source_length, target_length = rng.integers(8, length + 1, 2)
@@ -41,12 +40,12 @@ def padded_batch(rows: int = 64, length: int = 32, seed: int = 3) -> dict[str, n
   return batch
 
 
-def loss_grad_norm_logits(dtype: str, attention_impl: str, batch: dict) -> tuple[float, float, np.ndarray]:
+def loss_grad_norm_logits(config, dtype: str, attention_impl: str,
+                          batch: dict) -> tuple[float, float, np.ndarray]:
   """Mean NLL over real target tokens, the global gradient norm, and float32 logits [B, T, V]."""
-  config = iwslt14.get_config()
-  config.model.update(dtype=dtype, attention_impl=attention_impl, num_encoder_layers=2,
-                      num_decoder_layers=2)
-  model = train_state.build_model(config, VOCAB_SIZE)
+  config = config.copy_and_resolve_references()
+  config.model.update(dtype=dtype, attention_impl=attention_impl)
+  model = train_state.build_model(config, config.data.vocab_size)
   params = train_state.create_train_state(model, optax.sgd(0.0), seed=0).params
   weights = batch['decoder_target_weights']
 
@@ -63,11 +62,12 @@ def loss_grad_norm_logits(dtype: str, attention_impl: str, batch: dict) -> tuple
 
 def main(argv):
   del argv
-  batch = padded_batch()
+  config = command_line.config_from_flags()
+  batch = padded_batch(config.data.vocab_size)
   real = batch['decoder_target_weights'] > 0
   runs = {}
   for dtype, impl in (('float32', 'xla'), ('bfloat16', 'xla'), ('bfloat16', FUSED_IMPL.value)):
-    loss, grad_norm, logits = loss_grad_norm_logits(dtype, impl, batch)
+    loss, grad_norm, logits = loss_grad_norm_logits(config, dtype, impl, batch)
     runs[dtype, impl] = logits[real]  # [real target tokens, V]
     print(f'{dtype:8s} {impl:5s}: loss {loss:.6f}, grad norm {grad_norm:.6f}')
   reference = runs['float32', 'xla']
@@ -81,4 +81,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=command_line.parse_flags)
