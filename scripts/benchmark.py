@@ -134,7 +134,7 @@ def measure(config, *, vocab_size: int, batch_size: int, source_length: int, tar
   device = jax.devices()[0]
   train = benchmark_training(config, vocab_size, batch_size, source_length, target_length,
                              steps, warmup)
-  # Decoding compiles two more programs (minutes on a GPU): the training figures come first.
+  # Decoding compiles two more programs: a run stopped during them still reports training.
   print(f"train measured: {train['train_tokens_per_sec']:,.0f} target tokens/s, "
         f"{train['train_step_seconds'] * 1e3:.2f} ms/step, {train['train_step_flops'] / 1e9:,.1f} "
         f"GFLOP/step, compile {train['compile_seconds']['train_step']:.1f} s; decoding next", flush=True)
