@@ -14,10 +14,10 @@ dtype. A measurement to read, not a test: cuDNN's kernel exists only on NVIDIA G
 
 from absl import app, flags
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
+from model import losses
 from model.special_tokens import EOS_ID, PAD_ID
 from scripts.benchmark import synthetic_batch  # also defines --config
 from training import command_line, train_state
@@ -47,14 +47,12 @@ def loss_grad_norm_logits(config, dtype: str, attention_impl: str,
   config.model.update(dtype=dtype, attention_impl=attention_impl)
   model = train_state.build_model(config, config.data.vocab_size)
   params = train_state.create_train_state(model, optax.sgd(0.0), seed=0).params
-  weights = batch['decoder_target_weights']
 
   def loss_fn(params):
     logits = model.apply({'params': params}, batch['encoder_input_tokens'],
                          batch['decoder_input_tokens'], train=False)  # [B, T, V]
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
-    nll = -jnp.take_along_axis(log_probs, batch['decoder_target_tokens'][..., None], -1)[..., 0]
-    return jnp.sum(nll * weights) / jnp.sum(weights), logits
+    sums = losses.weighted_sums(logits, batch['decoder_target_tokens'], batch['decoder_target_weights'])
+    return sums['nll'] / sums['tokens'], logits
 
   (loss, logits), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
   return float(loss), float(optax.global_norm(grads)), np.asarray(logits, np.float32)
