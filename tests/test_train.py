@@ -67,23 +67,27 @@ def test_run_writes_metrics_status_config_and_checkpoints(finished_run):
   assert any(name.startswith('events.out.tfevents') for name in os.listdir(workdir))
 
 
-def test_resumed_run_equals_uninterrupted_run_bitwise(finished_run, tmp_path, data_cache):
-  _, config, uninterrupted = finished_run
-  workdir = str(tmp_path / 'killed')
-  # Killed 6 steps after the step-10 checkpoint, after the step-15 record: those 6 steps are lost
-  # and redone on resume.
-  trainer.train_and_evaluate(config, workdir, stop_after_steps=16)
+def assert_resume_reproduces(config, workdir, stop_after_steps, uninterrupted, uninterrupted_dir):
+  """A run stopped after `stop_after_steps` and resumed ends bitwise where `uninterrupted` did."""
+  trainer.train_and_evaluate(config, workdir, stop_after_steps=stop_after_steps)
   assert json.load(open(os.path.join(workdir, 'status.json')))['state'] == 'running'
   resumed = trainer.train_and_evaluate(config, workdir)
-  assert int(resumed.step) == 20
+  assert int(resumed.step) == int(uninterrupted.step)
   assert params_equal_bitwise(resumed.params, uninterrupted.params)
   assert params_equal_bitwise(resumed.opt_state, uninterrupted.opt_state)
   # Each step's records once, in order, and the redone steps' losses are the uninterrupted ones.
   records = read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
-  expected = read_jsonl(finished_run[0] / 'metrics.jsonl')
+  expected = read_jsonl(os.path.join(uninterrupted_dir, 'metrics.jsonl'))
   kinds = lambda records: [(r['step'], sorted(r)) for r in records]
   assert kinds(records) == kinds(expected)
   assert [r.get('train_loss') for r in records] == [r.get('train_loss') for r in expected]
+
+
+def test_resumed_run_equals_uninterrupted_run_bitwise(finished_run, tmp_path):
+  workdir, config, uninterrupted = finished_run
+  # Killed 6 steps after the step-10 checkpoint, after the step-15 record: those 6 steps are lost
+  # and redone on resume.
+  assert_resume_reproduces(config, str(tmp_path / 'killed'), 16, uninterrupted, workdir)
 
 
 def test_a_packed_run_resumed_equals_the_uninterrupted_packed_run_bitwise(tmp_path, data_cache):
@@ -91,15 +95,8 @@ def test_a_packed_run_resumed_equals_the_uninterrupted_packed_run_bitwise(tmp_pa
   config = smoke_config(data_cache, num_steps=12, log_every=3, eval_every=100, checkpoint_every=6)
   config.data.pack_length = 16
   uninterrupted = trainer.train_and_evaluate(config, str(tmp_path / 'whole'))
-  workdir = str(tmp_path / 'killed')
-  trainer.train_and_evaluate(config, workdir, stop_after_steps=9)
-  resumed = trainer.train_and_evaluate(config, workdir)
-  assert int(resumed.step) == 12
-  assert params_equal_bitwise(resumed.params, uninterrupted.params)
-  assert params_equal_bitwise(resumed.opt_state, uninterrupted.opt_state)
-  losses = lambda run: [r['train_loss'] for r in read_jsonl(os.path.join(run, 'metrics.jsonl'))
-                        if 'train_loss' in r]
-  assert len(losses(workdir)) == 4 and losses(workdir) == losses(tmp_path / 'whole')
+  # Killed 3 steps after the step-6 checkpoint, after the step-9 record.
+  assert_resume_reproduces(config, str(tmp_path / 'killed'), 9, uninterrupted, tmp_path / 'whole')
 
 
 def test_divergence_stops_cleanly_and_keeps_the_last_good_checkpoint(tmp_path, data_cache):
