@@ -72,7 +72,7 @@ def assert_resume_reproduces(config, workdir, stop_after_steps, uninterrupted, u
   trainer.train_and_evaluate(config, workdir, stop_after_steps=stop_after_steps)
   assert json.load(open(os.path.join(workdir, 'status.json')))['state'] == 'running'
   resumed = trainer.train_and_evaluate(config, workdir)
-  assert int(resumed.step) == int(uninterrupted.step)
+  assert int(resumed.step) == int(uninterrupted.step) == config.train.num_steps
   assert params_equal_bitwise(resumed.params, uninterrupted.params)
   assert params_equal_bitwise(resumed.opt_state, uninterrupted.opt_state)
   # Each step's records once, in order, and the redone steps' losses are the uninterrupted ones.
