@@ -75,7 +75,11 @@ def assert_resume_reproduces(config, workdir, stop_after_steps, uninterrupted, u
   assert int(resumed.step) == int(uninterrupted.step) == config.train.num_steps
   assert params_equal_bitwise(resumed.params, uninterrupted.params)
   assert params_equal_bitwise(resumed.opt_state, uninterrupted.opt_state)
-  # Each step's records once, in order, and the redone steps' losses are the uninterrupted ones.
+  assert_same_records(workdir, uninterrupted_dir)
+
+
+def assert_same_records(workdir, uninterrupted_dir):
+  """Each step's records once, in order, with the uninterrupted run's losses (redone steps too)."""
   records = read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
   expected = read_jsonl(os.path.join(uninterrupted_dir, 'metrics.jsonl'))
   kinds = lambda records: [(r['step'], sorted(r)) for r in records]

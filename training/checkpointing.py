@@ -2,7 +2,7 @@
 
 Each step directory holds two items: `state`, the pytree of arrays (params,
 optimizer state, step), and `extra`, JSON with whatever is needed to resume
-exactly (data-iterator state, RNG as a list of ints, epoch).
+exactly (data-iterator state, epoch, the unrecorded steps' metric sums).
 
 Retention is orbax's `AnyPreservationPolicy(LatestN(keep), BestN(n=1))`: the
 `keep` most recent checkpoints plus the one with the lowest validation loss.

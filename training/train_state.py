@@ -190,6 +190,16 @@ def empty_metrics_window() -> dict:
           'nonfinite_grad_norm': zero}
 
 
+def metrics_window_to_json(window: dict) -> dict:
+  """The window's sums as plain numbers, for a checkpoint's JSON (float32 values survive exactly)."""
+  return {name: value.item() for name, value in jax.device_get(window).items()}
+
+
+def metrics_window_from_json(sums: dict) -> dict:
+  """metrics_window_to_json's numbers back as a window of empty_metrics_window's dtypes."""
+  return jax.tree.map(lambda empty, value: jnp.asarray(value, empty.dtype), empty_metrics_window(), sums)
+
+
 def accumulate_metrics(window: dict, metrics: dict, step: jnp.ndarray) -> dict:
   """Adds one step's metrics (train_step's, after `step`) to `window`, on device.
 

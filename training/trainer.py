@@ -127,10 +127,13 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
   checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
                               save_every=config.train.checkpoint_every)
   latest = None
+  saved_window = None  # the metrics window restored with the checkpoint
   if checkpointer.all_steps():
     latest, state, extra = checkpointer.restore_newest_intact(
         state, on_damaged=lambda error: say(f'{error}; trying the next older checkpoint'))
     train_iter.set_state(extra['data_iterator'])
+    # Absent from checkpoints written before 2026-11-26: those runs resume with an empty window.
+    saved_window = extra.get('metrics_window')
     logging.info('resumed from step %d', latest)
     # Newer checkpoints failed to restore: kept aside, so this run can save those steps anew.
     for damaged in [step for step in checkpointer.all_steps() if step > latest]:
@@ -182,6 +185,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
     console.start(total_steps, initial_step=step)
   window = new_window()
   window_start = time.perf_counter()
+  if saved_window:
+    # The steps after the last record, trained before the checkpoint: the next record covers
+    # them as an uninterrupted run's does.
+    window = jax.jit(lambda: train_state.metrics_window_from_json(saved_window['sums']),
+                     out_shardings=replicated)()
+    window_start -= saved_window['seconds']
   epoch = 0
   # Wall-clock start of the epoch being trained; None when this invocation began inside it.
   # Epoch time is everything: data, steps, evaluation, checkpoints, compiling.
@@ -208,9 +217,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
       writer.write(step, {'epoch_finished': epoch, 'epoch_seconds': seconds})
       logging.info('epoch %d finished at step %d in %.1f s', epoch, step, seconds)
 
-  def save(at_step, metrics=None, force=False):
-    checkpointer.save(at_step, state, {'data_iterator': train_iter.get_state(), 'epoch': epoch},
-                      metrics=metrics, force=force)
+  def save(at_step, window_seconds, metrics=None, force=False):
+    """Saves with the steps not yet recorded: their metric sums and training seconds."""
+    extra = {'data_iterator': train_iter.get_state(), 'epoch': epoch,
+             'metrics_window': {'sums': train_state.metrics_window_to_json(window),
+                                'seconds': window_seconds}}
+    checkpointer.save(at_step, state, extra, metrics=metrics, force=force)
 
   # From here on SIGTERM and SIGINT stop the run at the end of a step (before, they end it at once).
   signals = stop_signals.StopSignals(multiprocess=jax.process_count() > 1)
@@ -278,7 +290,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         say(describe_validation(step, eval_metrics, best))
       if step % config.train.checkpoint_every == 0 or at_end:
         settle()
-        save(step, {'val_loss': eval_metrics['eval_loss']} if eval_metrics else None, force=at_end)
+        save(step, pause_start - window_start,
+             {'val_loss': eval_metrics['eval_loss']} if eval_metrics else None, force=at_end)
         last_saved = step
       # Evaluation and saving are not training: keep them out of tokens_per_sec.
       window_start += time.perf_counter() - pause_start
@@ -290,7 +303,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         settle()
         due = config.train.save_on_stop_after and step - last_saved >= config.train.save_on_stop_after
         if due:
-          save(step, force=True)
+          save(step, time.perf_counter() - window_start, force=True)
         checkpointer.wait_until_finished()
         raise stop_signals.RunStopped(signum, step, saved=bool(due))
     settle()
