@@ -8,7 +8,7 @@
 Presets (after the colon), each direction with the recipe that won on its own validation split
 (docs/results.md, section 7):
   'de_en' (default)  Wu et al.'s "Transformer-tiny" shape (4+4, d_model 128), 9600 steps of packed
-                     rows, dropout 0.3: 50.5-54.2 min on the 2-core Zen 5 VM, test_2016 tokenized
+                     rows, dropout 0.3: 49.2-54.2 min on the 2-core Zen 5 VM, test_2016 tokenized
                      BLEU 42.91 ± 0.28 (3 seeds), beam 5. Until 2026-11-25 4800 steps at dropout
                      0.1: 41.75 packed (seed 0), 41.37 ± 0.59 one pair per row (3 seeds).
   'en_de'            the same recipe: 51.1 min, test_2016 tokenized BLEU 39.90 (seed 0), beam 5.
