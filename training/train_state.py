@@ -190,9 +190,9 @@ def empty_metrics_window() -> dict:
           'nonfinite_grad_norm': zero}
 
 
-def metrics_window_to_json(window: dict) -> dict:
-  """The window's sums as plain numbers, for a checkpoint's JSON (float32 values survive exactly)."""
-  return {name: value.item() for name, value in jax.device_get(window).items()}
+def metrics_window_to_json(host_window: dict) -> dict:
+  """A window fetched to the host, as plain numbers for a checkpoint's JSON (float32 survives exactly)."""
+  return {name: value.item() for name, value in host_window.items()}
 
 
 def metrics_window_from_json(sums: dict) -> dict:

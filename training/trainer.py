@@ -217,10 +217,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
       writer.write(step, {'epoch_finished': epoch, 'epoch_seconds': seconds})
       logging.info('epoch %d finished at step %d in %.1f s', epoch, step, seconds)
 
-  def save(at_step, window_seconds, metrics=None, force=False):
-    """Saves with the steps not yet recorded: their metric sums and training seconds."""
+  def save(at_step, sums, window_seconds, metrics=None, force=False):
+    """Saves with the steps not yet recorded: their metric sums (settle()'s) and training seconds."""
     extra = {'data_iterator': train_iter.get_state(), 'epoch': epoch,
-             'metrics_window': {'sums': train_state.metrics_window_to_json(window),
+             'metrics_window': {'sums': train_state.metrics_window_to_json(sums),
                                 'seconds': window_seconds}}
     checkpointer.save(at_step, state, extra, metrics=metrics, force=force)
 
@@ -289,8 +289,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         logging.info('step %d: %s', step, eval_metrics)
         say(describe_validation(step, eval_metrics, best))
       if step % config.train.checkpoint_every == 0 or at_end:
-        settle()
-        save(step, pause_start - window_start,
+        save(step, settle(), pause_start - window_start,
              {'val_loss': eval_metrics['eval_loss']} if eval_metrics else None, force=at_end)
         last_saved = step
       # Evaluation and saving are not training: keep them out of tokens_per_sec.
@@ -300,10 +299,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         return state
       signum = signals.requested(step)
       if signum is not None and not at_end:
-        settle()
+        sums = settle()
         due = config.train.save_on_stop_after and step - last_saved >= config.train.save_on_stop_after
         if due:
-          save(step, time.perf_counter() - window_start, force=True)
+          save(step, sums, time.perf_counter() - window_start, force=True)
         checkpointer.wait_until_finished()
         raise stop_signals.RunStopped(signum, step, saved=bool(due))
     settle()
