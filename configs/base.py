@@ -79,6 +79,12 @@ def get_config() -> ml_collections.ConfigDict:
   data.vocab_size = 8000
   # Sentencepiece model type: 'unigram' or 'bpe'.
   data.vocab_type = 'unigram'
+  # Training pairs tokenized this many times with sampled segmentations (Kudo 2018's subword regularization; BPE-dropout for 'bpe'), the copies shuffled together as one training set; 0: the best segmentation once.
+  data.subword_samples = 0
+  # Sampling strength: unigram's smoothing alpha (lower: more varied segmentations) or BPE's dropout probability.
+  data.subword_alpha = 0.1
+  # Unigram samples among the n best segmentations (-1: all of them); BPE ignores it.
+  data.subword_nbest = 64
   # Longest source or target sequence in tokens (EOS included); longer training pairs are dropped and counted.
   data.max_length = 128
   # Train only on pairs whose source has at most this many words (0: no limit); length-extrapolation studies.

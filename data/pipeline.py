@@ -20,6 +20,11 @@ With data.pack_length a training row holds several pairs one after the other
   decoder_positions       [B, T] int32
 (model/transformer.py keeps the pairs apart with them).
 
+With data.subword_samples K the training set is K copies of every pair, each
+with its own sampled segmentation (token_ids.load_sampled), planned and
+shuffled as one set of K x N pairs: an epoch trains on every sentence K times,
+each time cut differently, and `example_index` k * N + i is line i's copy k.
+
 Multi-host: data_config.max_tokens budgets the global batch. Every process
 computes the same plan of global batches (batching.BatchPlan, from the seed
 alone) and assembles only its contiguous block of rows of each batch, so all
@@ -45,8 +50,8 @@ class TrainIterator(Iterator[dict]):
   """Endless training batches, epoch after epoch, resumable.
 
   Attributes:
-    num_pairs: Training pairs batched (every epoch).
-    num_filtered: Training pairs dropped for exceeding max_length.
+    num_pairs: Training pairs batched (every epoch; each sampled copy counts, data.subword_samples).
+    num_filtered: Training pairs dropped for exceeding max_length (copies likewise).
     num_long_sources: Training pairs dropped for a source of more than train_max_source_words
       words (counted apart from num_filtered).
     batches_per_epoch: Batches (steps) in every epoch.
@@ -91,8 +96,11 @@ def make_train_iterator(data_config, tokenizer: tokenizer_lib.Tokenizer, *,
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} not in [0, {process_count})')
-  source, target = _split_ids(data_config, tokenizer, 'train')
+  source, target = _split_ids(data_config, tokenizer, 'train',
+                              sampled=data_config.subword_samples > 0)
   short_sources = short_source_pairs(data_config)
+  if short_sources is not None and data_config.subword_samples:
+    short_sources = np.tile(short_sources, data_config.subword_samples)
   # EOS (source, target) and BOS (decoder input) add one token per side.
   plan = batching.make_plan(
       source.lengths + 1, target.lengths + 1,
@@ -301,8 +309,8 @@ def _pad(ragged: token_ids.RaggedIds, rows: np.ndarray, width: int, *,
                 shift=shift, marker=marker)
 
 
-def _split_ids(data_config, tokenizer: tokenizer_lib.Tokenizer, split: str):
-  """Returns the (source, target) token ids of `split`."""
+def _split_ids(data_config, tokenizer: tokenizer_lib.Tokenizer, split: str, sampled: bool = False):
+  """Returns the (source, target) token ids of `split` (its sampled copies if `sampled`)."""
   source_lang, target_lang = datasets.language_pair(data_config)
-  ids = token_ids.load(data_config, tokenizer, split)
+  ids = (token_ids.load_sampled if sampled else token_ids.load)(data_config, tokenizer, split)
   return ids[source_lang], ids[target_lang]

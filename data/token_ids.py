@@ -4,11 +4,14 @@ Tokenizing is done here once per split, so the per-batch work of the pipeline
 is numpy indexing only. The cache lives at
 `<cache_dir>/token_ids/<dataset>-<dataset_config>-<source fingerprint>-<tokenizer
 fingerprint>/<split>.npz`, so neither edited raw files nor a retrained vocabulary meets stale ids.
+Sampled segmentations (data.subword_samples) are cached beside them, named by their settings.
 """
 
 import dataclasses
 import os
+from pathlib import Path
 import tempfile
+from typing import Callable
 
 import numpy as np
 
@@ -44,19 +47,54 @@ def load(data_config, tokenizer: tokenizer_lib.Tokenizer,
          split: str) -> dict[str, RaggedIds]:
   """Returns language -> token ids (no EOS) of every example of `split`, in source order."""
   datasets.check_split(data_config.dataset, split)
-  folder = (datasets.cache_dir(data_config) / 'token_ids' /
-            f'{data_config.dataset}-{data_config.dataset_config}-'
-            f'{datasets.source_fingerprint(data_config)}-{tokenizer.fingerprint}')
-  path = folder / f'{split}.npz'
-  if not path.exists():
+
+  def encode():
     examples = datasets.load_examples(data_config, split)
+    return {lang: RaggedIds.from_lists(tokenizer.encode_batch(examples[lang]))
+            for lang in builder.LANGUAGES}
+
+  return _cached(_folder(data_config, tokenizer) / f'{split}.npz', encode)
+
+
+def load_sampled(data_config, tokenizer: tokenizer_lib.Tokenizer,
+                 split: str) -> dict[str, RaggedIds]:
+  """Language -> `data_config.subword_samples` sampled segmentations of every example of `split`.
+
+  Copy k (from 0) holds example i at index k * N + i, N the split's examples; copy k of language
+  number l is drawn with seed 2k + l + 1, so the copies differ from each other and are the same
+  on every machine and in every run.
+  """
+  datasets.check_split(data_config.dataset, split)
+  samples, alpha, nbest = (data_config.subword_samples, data_config.subword_alpha,
+                           data_config.subword_nbest)
+
+  def encode():
+    examples = datasets.load_examples(data_config, split)
+    return {lang: RaggedIds.from_lists([
+        ids for copy in range(samples)
+        for ids in tokenizer.sample_batch(examples[lang], alpha=alpha, nbest_size=nbest,
+                                          seed=2 * copy + number + 1)])
+            for number, lang in enumerate(builder.LANGUAGES)}
+
+  name = f'{split}-sampled-{samples}x-alpha{alpha:g}-nbest{nbest}.npz'
+  return _cached(_folder(data_config, tokenizer) / name, encode)
+
+
+def _folder(data_config, tokenizer: tokenizer_lib.Tokenizer) -> Path:
+  return (datasets.cache_dir(data_config) / 'token_ids' /
+          f'{data_config.dataset}-{data_config.dataset_config}-'
+          f'{datasets.source_fingerprint(data_config)}-{tokenizer.fingerprint}')
+
+
+def _cached(path: Path, encode: Callable[[], dict[str, RaggedIds]]) -> dict[str, RaggedIds]:
+  """The ids stored at `path`, computed by `encode` and stored there first if absent."""
+  if not path.exists():
     arrays = {}
-    for lang in builder.LANGUAGES:
-      ragged = RaggedIds.from_lists(tokenizer.encode_batch(examples[lang]))
+    for lang, ragged in encode().items():
       arrays[f'{lang}_ids'], arrays[f'{lang}_offsets'] = ragged.ids, ragged.offsets
-    folder.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     # Renamed into place once complete: concurrent processes may write it too.
-    with tempfile.NamedTemporaryFile(dir=folder, suffix='.tmp',
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix='.tmp',
                                      delete=False) as f:
       np.savez(f, **arrays)
     os.replace(f.name, path)

@@ -52,6 +52,19 @@ class Tokenizer:
     return self._processor.encode(list(texts), out_type=int,
                                   num_threads=os.cpu_count())
 
+  def sample_batch(self, texts: Sequence[str], *, alpha: float, nbest_size: int,
+                   seed: int) -> list[list[int]]:
+    """One sampled segmentation of every text (subword regularization, Kudo 2018), no BOS/EOS.
+
+    Unigram models draw among the `nbest_size` best segmentations (-1: all) with probabilities
+    sharpened by `alpha`; BPE models drop merges with probability `alpha` (BPE-dropout). Every
+    sample decodes to its text. The same `seed` gives the same samples: sentencepiece's generator
+    is seeded and the texts are encoded on one thread, in order.
+    """
+    spm.set_random_generator_seed(seed)
+    return self._processor.encode(list(texts), out_type=int, enable_sampling=True, alpha=alpha,
+                                  nbest_size=nbest_size, num_threads=1)
+
   def pieces(self, ids: Sequence[int] | np.ndarray) -> list[str]:
     """The subword of every id (special ids included, e.g. '</s>'), for labels."""
     return [self._processor.id_to_piece(int(i)) for i in ids]

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from configs import base
 from data import datasets
 from data import sources
 from data import tokenizer as tokenizer_lib
 from tests import data_fixtures
+from training import validation
 from tests.data_fixtures import multi30k_config  # pylint: disable=unused-import
 
 
@@ -171,3 +173,18 @@ def test_edited_or_other_source_files_are_prepared_afresh(tmp_path):
   config.source_dir = str(other)
   with pytest.raises(sources.SourceError, match='train.en.gz has 4 lines'):
     datasets.load_examples(config, 'train')
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'subword_samples': -1}, 'config.data.subword_samples=-1 must be 0'),
+    ({'subword_samples': 4, 'subword_nbest': 1}, 'config.data.subword_nbest=1 must be -1'),
+    ({'subword_samples': 4, 'subword_alpha': 0.0}, 'config.data.subword_alpha=0.0 must be positive'),
+    ({'subword_samples': 4, 'vocab_type': 'bpe', 'subword_alpha': 1.5},
+     "config.data.subword_alpha=1.5 is BPE-dropout's merge dropout probability"),
+])
+def test_bad_subword_sampling_is_named_before_anything_is_built(overrides, message):
+  config = base.get_config()
+  config.data.update(overrides)
+  with pytest.raises(ValueError, match=message) as error:
+    validation.check_config(config)
+  assert '\n' not in str(error.value)

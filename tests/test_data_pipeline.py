@@ -7,6 +7,7 @@ import pytest
 
 from data import datasets
 from data import pipeline
+from data import token_ids
 from data import tokenizer as tokenizer_lib
 from tests.data_fixtures import multi30k_config, multi30k_tokenizer  # pylint: disable=unused-import
 
@@ -192,3 +193,32 @@ def test_eval_batches_of_the_first_examples(multi30k_config,
   index = np.concatenate([b['example_index'] for b in batches])
   assert len(batches) == 2
   np.testing.assert_array_equal(np.sort(index[index >= 0]), np.arange(100))
+
+
+def test_subword_samples_train_on_every_sampled_copy_once_per_epoch(multi30k_config,
+                                                                   multi30k_tokenizer):
+  multi30k_config.update(subword_samples=2, subword_alpha=0.1, max_length=256)
+  iterator = pipeline.make_train_iterator(multi30k_config, multi30k_tokenizer, seed=0)
+  assert iterator.num_filtered == 0 and iterator.num_pairs == 2 * 29000
+  text = datasets.load_split_text(multi30k_config, 'train')
+  batches = _take(iterator, iterator.batches_per_epoch)
+  seen = np.concatenate([b['example_index'] for b in batches])
+  assert sorted(seen[seen >= 0].tolist()) == list(range(2 * 29000))
+  best = token_ids.load(multi30k_config, multi30k_tokenizer, 'train')['de']
+  for batch in batches[:3]:
+    for row, index in enumerate(batch['example_index']):
+      if index < 0:
+        continue
+      # Copy index // 29000 of line index % 29000: its text, cut as sampled.
+      source = batch['encoder_input_tokens'][row]
+      assert multi30k_tokenizer.decode(source) == text.source[index % 29000]
+      assert multi30k_tokenizer.decode(batch['decoder_target_tokens'][row]) == (
+          text.reference[index % 29000])
+  copies = token_ids.load_sampled(multi30k_config, multi30k_tokenizer, 'train')['de']
+  assert len(copies) == 2 * 29000
+  cut = lambda ragged, i: ragged.ids[ragged.offsets[i]:ragged.offsets[i + 1]].tolist()
+  # Both copies differ from the best segmentation, and from each other, on most lines.
+  lines = range(0, 29000, 29)
+  assert sum(cut(copies, i) != cut(best, i) for i in lines) > 0.5 * len(lines)
+  assert sum(cut(copies, 29000 + i) != cut(best, i) for i in lines) > 0.5 * len(lines)
+  assert sum(cut(copies, i) != cut(copies, 29000 + i) for i in lines) > 0.5 * len(lines)

@@ -22,10 +22,12 @@ def test_round_trip_on_the_whole_validation_set(multi30k_config,
   assert not any(tokenizer_lib.UNK_ID in x for x in ids)
 
 
-def test_unigram_round_trip(tmp_path):
-  # Unigram training on all 58,000 training lines takes ~20 s here, so this
-  # source has the first 1,500 training pairs, the real validation split and
-  # tiny test splits.
+def _small_unigram(tmp_path) -> tuple:
+  """(config, tokenizer) of an 800-piece unigram model on the first 1,500 training pairs.
+
+  Unigram training on all 58,000 training lines takes ~20 s here, so this source has the first
+  1,500 training pairs, the real validation split and tiny test splits.
+  """
   root = data_fixtures.data_root() / 'multi30k'
   source = data_fixtures.write_multi30k(tmp_path / 'multi30k')
   for split, count in (('train', 1500), ('validation', None)):
@@ -38,12 +40,34 @@ def test_unigram_round_trip(tmp_path):
   config = data_fixtures.data_config(
       source_dir=str(source), cache_dir=str(tmp_path / 'cache'),
       vocab_type='unigram', vocab_size=800)
-  tokenizer = tokenizer_lib.get_tokenizer(config)
+  return config, tokenizer_lib.get_tokenizer(config)
+
+
+def test_unigram_round_trip(tmp_path):
+  config, tokenizer = _small_unigram(tmp_path)
   assert tokenizer.vocab_size == 800
   for lang in ('de', 'en'):
     sentences = datasets.load_examples(config, 'validation')[lang]
     assert len(sentences) == 1014
     assert [tokenizer.decode(tokenizer.encode(s)) for s in sentences] == sentences
+
+
+@pytest.mark.parametrize('vocab_type', ['unigram', 'bpe'])
+def test_sampled_segmentations_decode_to_the_text_and_follow_the_seed(
+    tmp_path, multi30k_config, multi30k_tokenizer, vocab_type):
+  if vocab_type == 'unigram':
+    config, tokenizer = _small_unigram(tmp_path)
+  else:  # the test vocabulary: BPE-dropout
+    config, tokenizer = multi30k_config, multi30k_tokenizer
+  sentences = datasets.load_examples(config, 'validation')['de']
+  best = tokenizer.encode_batch(sentences)
+  sample = tokenizer.sample_batch(sentences, alpha=0.1, nbest_size=64, seed=1)
+  assert [tokenizer.decode(ids) for ids in sample] == sentences
+  # Most sentences are cut otherwise than by the best segmentation, and by another seed.
+  assert sum(s != b for s, b in zip(sample, best)) > 0.5 * len(sentences)
+  other_seed = tokenizer.sample_batch(sentences, alpha=0.1, nbest_size=64, seed=2)
+  assert sum(s != o for s, o in zip(sample, other_seed)) > 0.5 * len(sentences)
+  assert tokenizer.sample_batch(sentences, alpha=0.1, nbest_size=64, seed=1) == sample
 
 
 def test_special_ids(multi30k_tokenizer):

@@ -340,9 +340,11 @@ def describe_data(data_config, train_iter: pipeline.TrainIterator, tokenizer) ->
   source, target = datasets.language_pair(data_config)
   packing = (f', packed into rows of {data_config.pack_length} tokens'
              if data_config.pack_length else '')
+  samples = data_config.subword_samples
+  sampled = f' ({samples} sampled segmentations of each)' if samples else ''
   short = (f', {train_iter.num_long_sources:,} with sources of more than '
            f'{data_config.train_max_source_words} words' if data_config.train_max_source_words else '')
-  return (f'data: {data_config.dataset} {source}->{target}, {train_iter.num_pairs:,} training pairs '
+  return (f'data: {data_config.dataset} {source}->{target}, {train_iter.num_pairs:,} training pairs{sampled} '
           f'in {train_iter.batches_per_epoch} batches per epoch{packing} ({train_iter.num_filtered} '
           f'longer than max_length={data_config.max_length}{short} left out), vocabulary '
           f'{tokenizer.vocab_size:,}; cached in {datasets.cache_dir(data_config)}')

@@ -70,6 +70,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if config.data.vocab_type not in tokenizer.VOCAB_TYPES:
     raise ValueError(f'config.data.vocab_type={config.data.vocab_type!r} is not one of: '
                      f'{", ".join(tokenizer.VOCAB_TYPES)}')
+  check_subword_sampling(config.data)
   for name in ('eval_examples', 'num_workers'):
     if config.data[name] < 0:
       raise ValueError(f'config.data.{name}={config.data[name]!r} must be >= 0')
@@ -83,6 +84,25 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if train.divergence_growth != 0 and train.divergence_growth <= 1:
     raise ValueError(f'config.train.divergence_growth={train.divergence_growth!r} must be above 1, '
                      'or 0 to disable')
+
+
+def check_subword_sampling(data_config) -> None:
+  """Raises ValueError naming the first bad subword-regularization field of `config.data`."""
+  samples, alpha, nbest = (data_config.subword_samples, data_config.subword_alpha,
+                           data_config.subword_nbest)
+  if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+    raise ValueError(f'config.data.subword_samples={samples!r} must be 0 (the best segmentation) '
+                     'or a positive number of sampled copies of the training set')
+  if not samples:
+    return
+  if data_config.vocab_type == 'bpe' and not 0 < alpha < 1:
+    raise ValueError(f'config.data.subword_alpha={alpha!r} is BPE-dropout\'s merge dropout '
+                     'probability here (vocab_type \'bpe\'): it must be in (0, 1)')
+  if not alpha > 0:
+    raise ValueError(f'config.data.subword_alpha={alpha!r} must be positive (unigram smoothing)')
+  if not isinstance(nbest, int) or isinstance(nbest, bool) or not (nbest == -1 or nbest > 1):
+    raise ValueError(f'config.data.subword_nbest={nbest!r} must be -1 (every segmentation) or '
+                     'above 1 (sentencepiece does not sample from 0 or 1 best)')
 
 
 def total_steps(train_config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
