@@ -12,8 +12,8 @@ from data import datasets
 from data import sources
 from data import tokenizer as tokenizer_lib
 from tests import data_fixtures
-from training import validation
 from tests.data_fixtures import multi30k_config  # pylint: disable=unused-import
+from training import validation
 
 
 def _prepare_error(tmp_path: Path, source: Path, expected: type, **overrides):
