@@ -188,3 +188,15 @@ def test_bad_subword_sampling_is_named_before_anything_is_built(overrides, messa
   with pytest.raises(ValueError, match=message) as error:
     validation.check_config(config)
   assert '\n' not in str(error.value)
+
+
+@pytest.mark.parametrize('section, name', [
+    ('data', 'max_tokens'), ('data', 'pack_length'), ('data', 'train_max_source_words'),
+    ('data', 'subword_samples'), ('train', 'save_on_stop_after'),
+])
+def test_a_count_given_as_true_is_refused_not_read_as_one(section, name):
+  """bool is a subclass of int: a stray flag `=True` must not pass as a count of 1."""
+  config = base.get_config()
+  config[section][name] = True
+  with pytest.raises(ValueError, match=rf'^config\.{section}\.{name}=True must be '):
+    validation.check_config(config)

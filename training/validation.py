@@ -15,6 +15,11 @@ _POSITIVE_INTS = {
 _SECTIONS = ('model', 'data', 'optim', 'train', 'eval')
 
 
+def _is_int(value) -> bool:
+  """An int that is not a bool: a flag's True would otherwise pass as 1."""
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError with a one-line message naming the first bad field.
 
@@ -27,7 +32,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for section, names in _POSITIVE_INTS.items():
     for name in names:
       value = config[section][name]
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      if not _is_int(value) or value < 1:
         raise ValueError(f'config.{section}.{name}={value!r} must be a positive integer')
   train = config.train
   if train.num_steps < 0 or train.num_epochs < 0 or not (train.num_steps or train.num_epochs):
@@ -36,8 +41,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if not 0.0 <= train.label_smoothing < 1.0:
     raise ValueError(f'config.train.label_smoothing={train.label_smoothing!r} must be in [0, 1)')
   microbatch = train.microbatch_tokens
-  if microbatch is not None and (not isinstance(microbatch, int) or isinstance(microbatch, bool)
-                                 or microbatch < 0):
+  if microbatch is not None and (not _is_int(microbatch) or microbatch < 0):
     raise ValueError(f'config.train.microbatch_tokens={microbatch!r} must be None (by platform), 0 '
                      '(the whole batch) or a positive number of tokens')
   if microbatch and config.model.norm == 'batch':
@@ -47,12 +51,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f'config.data.max_tokens={config.data.max_tokens} is smaller than '
                      f'config.data.max_length={config.data.max_length}: no long pair would fit a batch')
   pack_length = config.data.pack_length
-  if not isinstance(pack_length, int) or isinstance(pack_length, bool) or not (
-      0 <= pack_length <= config.data.max_tokens):
+  if not _is_int(pack_length) or not 0 <= pack_length <= config.data.max_tokens:
     raise ValueError(f'config.data.pack_length={pack_length!r} must be 0 (no packing) or a row '
                      f'length up to config.data.max_tokens={config.data.max_tokens}')
   words = config.data.train_max_source_words
-  if not isinstance(words, int) or isinstance(words, bool) or words < 0:
+  if not _is_int(words) or words < 0:
     raise ValueError(f'config.data.train_max_source_words={words!r} must be 0 (no limit) or a '
                      'positive number of words')
   if config.data.source_lang == config.data.target_lang:
@@ -75,7 +78,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if config.data[name] < 0:
       raise ValueError(f'config.data.{name}={config.data[name]!r} must be >= 0')
   datasets.check_split(config.data.dataset, config.data.eval_split)
-  if not isinstance(train.save_on_stop_after, int) or train.save_on_stop_after < 0:
+  if not _is_int(train.save_on_stop_after) or train.save_on_stop_after < 0:
     raise ValueError(f'config.train.save_on_stop_after={train.save_on_stop_after!r} must be an '
                      'integer >= 0 (0: never save on a stop signal)')
   if train.divergence_loss_ceiling < 0:
@@ -90,7 +93,7 @@ def check_subword_sampling(data_config) -> None:
   """Raises ValueError naming the first bad subword-regularization field of `config.data`."""
   samples, alpha, nbest = (data_config.subword_samples, data_config.subword_alpha,
                            data_config.subword_nbest)
-  if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+  if not _is_int(samples) or samples < 0:
     raise ValueError(f'config.data.subword_samples={samples!r} must be 0 (the best segmentation) '
                      'or a positive number of sampled copies of the training set')
   if not samples:
@@ -100,7 +103,7 @@ def check_subword_sampling(data_config) -> None:
                      'probability here (vocab_type \'bpe\'): it must be in (0, 1)')
   if not alpha > 0:
     raise ValueError(f'config.data.subword_alpha={alpha!r} must be positive (unigram smoothing)')
-  if not isinstance(nbest, int) or isinstance(nbest, bool) or not (nbest == -1 or nbest > 1):
+  if not _is_int(nbest) or not (nbest == -1 or nbest > 1):
     raise ValueError(f'config.data.subword_nbest={nbest!r} must be -1 (every segmentation) or '
                      'above 1 (sentencepiece does not sample from 0 or 1 best)')
 
