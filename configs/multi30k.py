@@ -17,6 +17,8 @@ Presets (after the colon), each direction with the recipe that won on its own va
                      2026-11-25 2000 steps at dropout 0.1 (37.45).
   'de_en_small'      De->En with 3+3 layers, d_model 256, 1000 steps: the default until 2026-11-24
                      (test_2016 39.31) and the model of docs/results.md's analyses and sweeps.
+The hour is the Zen 5 VM's: on an Intel Xeon VM (2026-11-26) an :en_de epoch took ~97 s instead
+of ~46 s, so 9600 steps take ~1 h 45 min there (docs/performance.md).
 """
 
 from configs import base
