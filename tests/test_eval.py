@@ -213,13 +213,17 @@ def test_eval_report_equals_sacrebleu_on_the_written_hypotheses(smoke_run):
 
 
 def test_hypotheses_do_not_depend_on_how_the_cpu_is_split(smoke_run, tmp_path):
-  """Each device searches its own rows (partitioning.per_device_rows): the split changes nothing."""
+  """Each device searches its own rows (partitioning.per_device_rows): the split changes nothing.
+
+  The reference is the plainest search, one device with one loop per batch (--smallest_batch=64);
+  the four devices each drop finished sentences from their 16 rows as they go (16, then 8)."""
   workdir, _ = smoke_run
   hypotheses = {}
-  for devices in (1, 4):
+  for devices, smallest_batch in ((1, 64), (4, 8)):
     out_dir = tmp_path / str(devices)
     result = run_eval(f'--workdir={workdir}', f'--split={SPLIT}', '--batch_size=64', f'--cpu_devices={devices}',
-                      '--max_length_a=2', '--max_length_b=0.5', f'--out_dir={out_dir}')
+                      f'--smallest_batch={smallest_batch}', '--max_length_a=2', '--max_length_b=0.5',
+                      f'--out_dir={out_dir}')
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.load(open(out_dir / f'{SPLIT}.json'))['devices'] == f'{devices} x cpu'
     hypotheses[devices] = (out_dir / f'{SPLIT}.hyp.txt').read_text()

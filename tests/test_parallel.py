@@ -35,10 +35,12 @@ def test_sharded_train_step_equals_single_device_step():
 
 
 def _train_command(workdir, cache_dir, *extra):
+  # One evaluation batch (eval_examples=8): what is compared is the trained params, and each
+  # evaluation batch shape costs every process a compilation.
   return [sys.executable, 'train.py', '--config=configs/smoke.py', f'--workdir={workdir}',
           f'--config.data.cache_dir={cache_dir}', '--config.train.num_steps=6',
           '--config.train.checkpoint_every=6', '--config.train.eval_every=6',
-          '--config.train.log_every=3', *extra]
+          '--config.train.log_every=3', '--config.data.eval_examples=8', *extra]
 
 
 def _final_params(workdir):

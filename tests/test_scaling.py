@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings('ignore:the load_module:DeprecationWarning')
 
 
-def final_params(run_dir, spec, name):
-  config = command_line.parse_config_args([f'--config={spec}', f'--config.model.norm={name}'])
+def final_params(run_dir, spec):
+  config = command_line.parse_config_args([f'--config={spec}'])
   model = train_state.build_model(config, config.data.vocab_size)
   tx, _ = make_optimizer(config.optim, steps_per_epoch=None, total_steps=config.train.num_steps)
   checkpointer = checkpointing.Checkpointer(str(run_dir), keep=1, save_every=1)
@@ -41,15 +41,15 @@ def test_hosts_split_runs_so_that_each_run_belongs_to_exactly_one_host():
 
 
 def test_two_hosts_split_a_sweep_and_a_killed_host_resumes_its_own_run_once(tmp_path, data_cache):
-  spec = write_sweep(tmp_path, data_cache, norms=('layer', 'rms', 'scale'), num_steps=24,
+  spec = write_sweep(tmp_path, data_cache, seeds=(0, 1, 2), num_steps=24,
                      checkpoint_every=4)
   workdir = tmp_path / 'sweep'
   hosts = [subprocess.Popen(sweep_command(spec, workdir, '--num_hosts=2', f'--host_index={i}'),
                             cwd=REPO, env=env_with_devices(1), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True) for i in range(2)]
-  # Host 1 owns norm=rms alone; kill its sweep outright mid-run (its train.py saves on the way out).
-  wait_for_training(workdir / 'norm=rms', hosts[1])
-  train_pid = lock_holder(workdir / 'norm=rms')
+  # Host 1 owns seed=1 alone; kill its sweep outright mid-run (its train.py saves on the way out).
+  wait_for_training(workdir / 'seed=1', hosts[1])
+  train_pid = lock_holder(workdir / 'seed=1')
   hosts[1].kill()
   hosts[1].wait()
   # Its train.py, sent SIGTERM by the kernel, saves and ends; restart after that, as a preempted
@@ -57,27 +57,28 @@ def test_two_hosts_split_a_sweep_and_a_killed_host_resumes_its_own_run_once(tmp_
   deadline = time.monotonic() + 120
   while Path(f'/proc/{train_pid}').exists() and time.monotonic() < deadline:
     time.sleep(0.1)
-  assert status(workdir / 'norm=rms')['state'] == 'stopped'
+  assert status(workdir / 'seed=1')['state'] == 'stopped'
   restarted = subprocess.run(sweep_command(spec, workdir, '--num_hosts=2', '--host_index=1'), cwd=REPO,
                              env=env_with_devices(1), capture_output=True, text=True, timeout=400)
   host0 = hosts[0].communicate(timeout=400)[0]
   assert hosts[0].returncode == 0 and restarted.returncode == 0, host0 + restarted.stdout + restarted.stderr
-  assert '[1/2] norm=layer: start' in host0 and '[2/2] norm=scale: start' in host0
-  assert 'norm=rms' not in host0
-  assert '[1/1] norm=rms: resume' in restarted.stdout
+  assert '[1/2] seed=0: start' in host0 and '[2/2] seed=2: start' in host0
+  assert 'seed=1' not in host0
+  assert '[1/1] seed=1: resume' in restarted.stdout
   assert restarted.stdout.strip().splitlines()[-1] == (
       f'sweep {workdir} (host 1 of 2): 1 runs: 1 finished, 0 diverged, 0 failed')
-  for name, invocations in (('layer', 1), ('rms', 2), ('scale', 1)):
-    run_dir = workdir / f'norm={name}'
+  for seed, invocations in ((0, 1), (1, 2), (2, 1)):
+    run_dir = workdir / f'seed={seed}'
     assert status(run_dir) == {**status(run_dir), 'state': 'finished', 'step': 24}
     assert (run_dir / 'train.log').read_text().count('# scripts/sweep.py') == invocations
     steps = train_steps(run_dir)
     assert steps == sorted(set(steps)) and steps[-1] == 24  # each step once, in order
-  assert json.loads((workdir / 'sweep.json').read_text())['fields'] == ['model.norm']
+  assert json.loads((workdir / 'sweep.json').read_text())['fields'] == ['train.seed']
 
 
 def test_whole_slice_sweep_on_two_processes_equals_one_process_with_the_same_devices(tmp_path, data_cache):
-  spec = write_sweep(tmp_path, data_cache, norms=('layer', 'rms'), num_steps=4, checkpoint_every=4)
+  spec = write_sweep(tmp_path, data_cache, seeds=(0, 1), num_steps=4, checkpoint_every=4,
+                     pack_length=32)
   port = portpicker.pick_unused_port()
   command = lambda i: sweep_command(spec, tmp_path / 'slice', '--multiprocess', f'--process_id={i}',
                                     f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2')
@@ -85,25 +86,30 @@ def test_whole_slice_sweep_on_two_processes_equals_one_process_with_the_same_dev
                                 stderr=subprocess.STDOUT, text=True) for i in range(2)]
   outputs = [process.communicate(timeout=400)[0] for process in processes]
   assert all(process.returncode == 0 for process in processes), outputs[0][-3000:] + outputs[1][-3000:]
-  assert '[1/2] norm=layer: start on 2 processes, 2 devices' in outputs[0]
+  assert '[1/2] seed=0: start on 2 processes, 2 devices' in outputs[0]
   assert '[1/2]' not in outputs[1]  # only process 0 speaks
   # The same sweep on one process holding both devices, one train.py per run.
   single = subprocess.run(sweep_command(spec, tmp_path / 'one'), cwd=REPO, env=env_with_devices(2),
                           capture_output=True, text=True, timeout=400)
   assert single.returncode == 0, single.stdout + single.stderr
-  for name in ('layer', 'rms'):
-    step_slice, params_slice = final_params(tmp_path / 'slice' / f'norm={name}', spec, name)
-    step_one, params_one = final_params(tmp_path / 'one' / f'norm={name}', spec, name)
+  final = {}
+  for name in ('seed=0', 'seed=1'):
+    step_slice, params_slice = final_params(tmp_path / 'slice' / name, spec)
+    step_one, params_one = final_params(tmp_path / 'one' / name, spec)
     assert step_slice == step_one == 4
     for a, b in zip(jax.tree.leaves(params_slice), jax.tree.leaves(params_one)):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert status(tmp_path / 'slice' / f'norm={name}')['state'] == 'finished'
-    assert train_steps(tmp_path / 'slice' / f'norm={name}') == [2, 4]  # written once, by process 0
+    assert status(tmp_path / 'slice' / name)['state'] == 'finished'
+    assert train_steps(tmp_path / 'slice' / name) == [2, 4]  # written once, by process 0
+    final[name] = params_slice
+  # Each run trained with its own seed: the second is not a copy of the first.
+  assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(final['seed=0']),
+                                                  jax.tree.leaves(final['seed=1'])))
   # Run again: both processes take process 0's decision and skip both runs.
   port = portpicker.pick_unused_port()
   processes = [subprocess.Popen(command(i), cwd=REPO, env=env_with_devices(1), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True) for i in range(2)]
   outputs = [process.communicate(timeout=400)[0] for process in processes]
   assert all(process.returncode == 0 for process in processes), outputs[0][-3000:] + outputs[1][-3000:]
-  assert '[1/2] norm=layer: finished at step 4, skipped' in outputs[0]
-  assert '[2/2] norm=rms: finished at step 4, skipped' in outputs[0]
+  assert '[1/2] seed=0: finished at step 4, skipped' in outputs[0]
+  assert '[2/2] seed=1: finished at step 4, skipped' in outputs[0]

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.filterwarnings('ignore:the load_module:DeprecationWarni
 def test_slurm_job_requeued_by_submitit_saves_and_resumes_its_run(tmp_path, data_cache, monkeypatch):
   monkeypatch.chdir(REPO)  # submitit's job imports experiments.slurm from its working directory
   monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=1')
-  spec = write_sweep(tmp_path, data_cache, norms=('layer',), num_steps=40, checkpoint_every=4)
+  spec = write_sweep(tmp_path, data_cache, seeds=(0,), num_steps=40, checkpoint_every=4)
   [run] = sweeps.expand(spec, str(tmp_path / 'sweep'))
   run_dir = tmp_path / 'sweep' / run.name
   executor = submitit.LocalExecutor(folder=tmp_path / 'submitit')
@@ -52,20 +52,20 @@ def test_slurm_launcher_submits_the_unfinished_runs_as_one_job_array(tmp_path, d
   (bin_dir / 'srun').write_text('#!/bin/sh\nexit 0\n')
   for tool in ('sbatch', 'srun'):
     (bin_dir / tool).chmod(0o755)
-  spec = write_sweep(tmp_path, data_cache, norms=('layer', 'rms', 'scale'), num_steps=40,
+  spec = write_sweep(tmp_path, data_cache, seeds=(0, 1, 2), num_steps=40,
                      checkpoint_every=4)
   workdir = tmp_path / 'sweep'
-  (workdir / 'norm=rms').mkdir(parents=True)
-  (workdir / 'norm=rms' / 'status.json').write_text(json.dumps({'state': 'finished', 'step': 40}))
+  (workdir / 'seed=1').mkdir(parents=True)
+  (workdir / 'seed=1' / 'status.json').write_text(json.dumps({'state': 'finished', 'step': 40}))
   result = subprocess.run(
       sweep_command(spec, workdir, '--launcher=slurm', '--slurm_partition=gpu', '--slurm_nodes=2',
                     '--slurm_gpus_per_node=4', '--slurm_time_min=120'),
       cwd=REPO, env={**os.environ, 'PATH': f'{bin_dir}:{os.environ["PATH"]}'}, capture_output=True,
       text=True, timeout=120)
   assert result.returncode == 0, result.stdout + result.stderr
-  assert '[2/3] norm=rms: finished, not submitted' in result.stdout
-  assert 'norm=layer: submitted as job 4242_0' in result.stdout
-  assert 'norm=scale: submitted as job 4242_1' in result.stdout
+  assert '[2/3] seed=1: finished, not submitted' in result.stdout
+  assert 'seed=0: submitted as job 4242_0' in result.stdout
+  assert 'seed=2: submitted as job 4242_1' in result.stdout
   script = (tmp_path / 'job.sh').read_text()
   for line in ('--array=0-1%2', '--partition=gpu', '--nodes=2', '--ntasks-per-node=1',
                '--gpus-per-node=4', '--time=120', '--signal=USR2@90'):

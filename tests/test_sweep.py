@@ -244,34 +244,34 @@ def test_sweep_trains_its_runs_then_skips_finished_ones_and_resumes_a_killed_one
   spec = write_sweep(tmp_path, f"""
       def get_config():
         config = smoke.get_config()
-        config.data.update(cache_dir={str(data_cache)!r}, eval_examples=8)
+        config.data.update(cache_dir={str(data_cache)!r}, eval_examples=8, pack_length=32)
         config.train.update(num_steps=4, log_every=2, eval_every=4, checkpoint_every=2)
         return config
 
-      def sweep():
-        for norm in ('layer', 'rms'):
-          yield {{'model.norm': norm}}
+      def sweep():  # seeds and packed rows share one compiled step, so the second run skips compiling
+        for seed in (0, 1):
+          yield {{'train.seed': seed}}
       """)
   workdir = tmp_path / 'sweep'
   result = run_sweep_cli(spec, f'--workdir={workdir}')
   assert result.returncode == 0, result.stdout + result.stderr
   assert result.stdout.strip().splitlines()[-1] == f'sweep {workdir}: 2 runs: 2 finished, 0 diverged, 0 failed'
   sweep_json = json.loads((workdir / 'sweep.json').read_text())
-  assert [run['overrides'] for run in sweep_json['runs']] == [{'model.norm': 'layer'}, {'model.norm': 'rms'}]
-  layer, rms = workdir / 'norm=layer', workdir / 'norm=rms'
-  layer_files = {name: (layer / name).read_text() for name in ('metrics.jsonl', 'train.log', 'status.json')}
+  assert [run['overrides'] for run in sweep_json['runs']] == [{'train.seed': 0}, {'train.seed': 1}]
+  first, second = workdir / 'seed=0', workdir / 'seed=1'
+  first_files = {name: (first / name).read_text() for name in ('metrics.jsonl', 'train.log', 'status.json')}
 
-  # norm=rms as if killed at step 3: its step-4 checkpoint never written, its status still 'running'.
-  shutil.rmtree(rms / 'checkpoints' / '4')
-  write_status(rms, 'running', 3)
+  # seed=1 as if killed at step 3: its step-4 checkpoint never written, its status still 'running'.
+  shutil.rmtree(second / 'checkpoints' / '4')
+  write_status(second, 'running', 3)
   result = run_sweep_cli(spec, f'--workdir={workdir}')
   assert result.returncode == 0, result.stdout + result.stderr
-  assert '[1/2] norm=layer: finished at step 4, skipped' in result.stdout
-  assert f'[2/2] norm=rms: resume, log in {rms}/train.log' in result.stdout
-  assert {name: (layer / name).read_text() for name in layer_files} == layer_files
-  assert json.loads((rms / 'status.json').read_text())['state'] == 'finished'
-  train_steps = [json.loads(line)['step'] for line in open(rms / 'metrics.jsonl') if 'train_loss' in line]
+  assert '[1/2] seed=0: finished at step 4, skipped' in result.stdout
+  assert f'[2/2] seed=1: resume, log in {second}/train.log' in result.stdout
+  assert {name: (first / name).read_text() for name in first_files} == first_files
+  assert json.loads((second / 'status.json').read_text())['state'] == 'finished'
+  train_steps = [json.loads(line)['step'] for line in open(second / 'metrics.jsonl') if 'train_loss' in line]
   # Step 4 trained again from the step-2 checkpoint, its first record dropped on resume.
   assert train_steps == [2, 4]
-  assert sorted(os.listdir(rms / 'checkpoints')) == ['2', '4']
-  assert (rms / 'train.log').read_text().count('# scripts/sweep.py') == 2
+  assert sorted(os.listdir(second / 'checkpoints')) == ['2', '4']
+  assert (second / 'train.log').read_text().count('# scripts/sweep.py') == 2
