@@ -192,7 +192,9 @@ def test_bad_subword_sampling_is_named_before_anything_is_built(overrides, messa
 
 @pytest.mark.parametrize('section, name', [
     ('data', 'max_tokens'), ('data', 'pack_length'), ('data', 'train_max_source_words'),
-    ('data', 'subword_samples'), ('train', 'save_on_stop_after'),
+    ('data', 'subword_samples'), ('data', 'eval_examples'), ('data', 'num_workers'),
+    ('train', 'save_on_stop_after'), ('train', 'num_steps'), ('train', 'num_epochs'),
+    ('optim', 'warmup_steps'),
 ])
 def test_a_count_given_as_true_is_refused_not_read_as_one(section, name):
   """bool is a subclass of int: a stray flag `=True` must not pass as a count of 1."""

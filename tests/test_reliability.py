@@ -231,7 +231,7 @@ def test_loss_watch_by_ceiling_and_by_growth_over_the_lowest():
 
 @pytest.mark.parametrize('override,expected', [
     ('optim.optimizer=adamx', "config.optim.optimizer='adamx' is not one of: adam, adamw, sgd"),
-    ('optim.warmup_steps=-10', 'config.optim.warmup_steps=-10 must be >= 0'),
+    ('optim.warmup_steps=-10', 'config.optim.warmup_steps=-10 must be an integer >= 0'),
     ('optim.clip_norm=-1.0', 'config.optim.clip_norm=-1.0 must be >= 0'),
     ('data.source_lang=fr', "source_lang/target_lang ('fr', 'en') must be the two languages"),
     ('data.eval_split=tst', "Unknown multi30k split 'tst'; valid: train, validation"),
@@ -239,7 +239,7 @@ def test_loss_watch_by_ceiling_and_by_growth_over_the_lowest():
     ('train.save_on_stop_after=-1', 'config.train.save_on_stop_after=-1 must be'),
     ('data.dataset_config=tokenised', "Unknown multi30k dataset_config 'tokenised'; valid: original, tokenized"),
     ('data.vocab_type=wordpiece', "config.data.vocab_type='wordpiece' is not one of: unigram, bpe"),
-    ('data.eval_examples=-1', 'config.data.eval_examples=-1 must be >= 0'),
+    ('data.eval_examples=-1', 'config.data.eval_examples=-1 must be an integer >= 0'),
 ])
 def test_bad_fields_are_refused_before_anything_is_written(tmp_path, data_cache, override, expected):
   config = _config(data_cache)

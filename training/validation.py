@@ -12,6 +12,9 @@ _POSITIVE_INTS = {
     'data': ('vocab_size', 'max_length', 'max_tokens', 'eval_batch_size'),
     'eval': ('beam_size',),
 }
+# Counts where 0 means none, all, or off (each field's comment in configs/base.py says which).
+_COUNTS = (('train', 'num_steps'), ('train', 'num_epochs'), ('optim', 'warmup_steps'),
+           ('data', 'eval_examples'), ('data', 'num_workers'))
 _SECTIONS = ('model', 'data', 'optim', 'train', 'eval')
 
 
@@ -35,7 +38,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       if not _is_int(value) or value < 1:
         raise ValueError(f'config.{section}.{name}={value!r} must be a positive integer')
   train = config.train
-  if train.num_steps < 0 or train.num_epochs < 0 or not (train.num_steps or train.num_epochs):
+  for section, name in _COUNTS:
+    value = config[section][name]
+    if not _is_int(value) or value < 0:
+      raise ValueError(f'config.{section}.{name}={value!r} must be an integer >= 0')
+  if not (train.num_steps or train.num_epochs):
     raise ValueError(f'config.train.num_steps={train.num_steps} / num_epochs={train.num_epochs}: '
                      'set one of them to a positive number')
   if not 0.0 <= train.label_smoothing < 1.0:
@@ -74,9 +81,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f'config.data.vocab_type={config.data.vocab_type!r} is not one of: '
                      f'{", ".join(tokenizer.VOCAB_TYPES)}')
   check_subword_sampling(config.data)
-  for name in ('eval_examples', 'num_workers'):
-    if config.data[name] < 0:
-      raise ValueError(f'config.data.{name}={config.data[name]!r} must be >= 0')
   datasets.check_split(config.data.dataset, config.data.eval_split)
   if not _is_int(train.save_on_stop_after) or train.save_on_stop_after < 0:
     raise ValueError(f'config.train.save_on_stop_after={train.save_on_stop_after!r} must be an '
