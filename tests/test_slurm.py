@@ -12,7 +12,7 @@ import submitit
 
 from experiments import slurm, sweeps
 from tests.sweep_fixtures import (lock_holder, status, sweep_command, train_steps, wait_for_training,
-                                  write_sweep)
+                                  write_sweep, xla_flags)
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings('ignore:the load_module:DeprecationWarning')
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings('ignore:the load_module:DeprecationWarni
 
 def test_slurm_job_requeued_by_submitit_saves_and_resumes_its_run(tmp_path, data_cache, monkeypatch):
   monkeypatch.chdir(REPO)  # submitit's job imports experiments.slurm from its working directory
-  monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=1')
+  monkeypatch.setenv('XLA_FLAGS', xla_flags(1))
   spec = write_sweep(tmp_path, data_cache, seeds=(0,), num_steps=40, checkpoint_every=4)
   [run] = sweeps.expand(spec, str(tmp_path / 'sweep'))
   run_dir = tmp_path / 'sweep' / run.name
