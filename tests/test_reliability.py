@@ -19,6 +19,7 @@ import pytest
 from training import partitioning, run_dir, run_log, stop_signals, train_state, trained_model, trainer
 from training.checkpointing import CheckpointError
 from tests.test_sweep import write_sweep
+from tests.sweep_fixtures import env_with_devices
 from tests.test_train import (assert_same_records, params_equal_bitwise, read_jsonl, run_train_cli,
                               smoke_config)
 
@@ -287,7 +288,8 @@ def test_a_stopped_or_killed_sweep_leaves_no_run_training_and_resumes_each_run_o
   command = [sys.executable, '-m', 'scripts.sweep', spec, f'--workdir={workdir}']
 
   def start_and_wait(step):
-    sweep = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sweep = subprocess.Popen(command, cwd=REPO, env=env_with_devices(1), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
     _wait_for_train_record(run / 'metrics.jsonl', step)
     return sweep
 
@@ -328,8 +330,8 @@ def test_a_stopped_or_killed_sweep_leaves_no_run_training_and_resumes_each_run_o
 
   # The re-run finishes it; every step was trained by one process, in order, once.
   final = second_stop + 6 + second_stop % 2
-  result = subprocess.run([*command, f'--config.train.num_steps={final}'], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+  result = subprocess.run([*command, f'--config.train.num_steps={final}'], cwd=REPO, env=env_with_devices(1),
+                          capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr
   steps = [record['step'] for record in read_jsonl(run / 'metrics.jsonl') if 'train_loss' in record]
   assert steps == list(range(2, final + 1, 2))
