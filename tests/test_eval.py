@@ -2,6 +2,7 @@
 
 import functools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from model.transformer import Transformer
 from model.translate import beam_translate, translate
 from training import averaging, partitioning, train_state, trained_model, trainer, translating
 from training.checkpointing import Checkpointer
+from tests.sweep_fixtures import NO_LLVM_OPTIMISATION
 
 REPO = Path(__file__).resolve().parents[1]
 PAD, EOS, BOS = 0, 1, 2
@@ -171,8 +173,10 @@ def smoke_run(tmp_path_factory, data_cache):
 
 
 def run_eval(*args, stdin=None):
+  # Without LLVM's optimisation: these eval.py runs compile for most of their time.
+  env = {**os.environ, 'XLA_FLAGS': NO_LLVM_OPTIMISATION}
   return subprocess.run([sys.executable, 'eval.py', *args], cwd=REPO, capture_output=True, text=True,
-                        timeout=300, input=stdin)
+                        timeout=300, input=stdin, env=env)
 
 
 def moses_lowercase(lines):
