@@ -1,7 +1,6 @@
 """Data parallelism: a step sharded over 4 CPU devices, and two jax.distributed processes."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +14,13 @@ from training import train_state
 from configs import smoke
 from training.checkpointing import Checkpointer
 from training.optimizer import make_optimizer
-from tests.sweep_fixtures import xla_flags
+from tests.sweep_fixtures import env_with_devices
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_sharded_train_step_equals_single_device_step():
-  env = {**os.environ, 'XLA_FLAGS': xla_flags(4), 'PYTHONPATH': str(REPO)}
+  env = {**env_with_devices(4), 'PYTHONPATH': str(REPO)}
   result = subprocess.run([sys.executable, 'tests/sharded_step_check.py', 'layer', 'batch'], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
@@ -57,17 +56,17 @@ def _final_params(workdir):
 
 
 def test_two_processes_train_like_one_process_with_the_same_devices(tmp_path, data_cache):
-  env = {**os.environ, 'XLA_FLAGS': xla_flags(1), 'CI': '1'}
   port = portpicker.pick_unused_port()
   processes = [subprocess.Popen(
       _train_command(tmp_path / 'two', data_cache, '--multiprocess', f'--coordinator_address=127.0.0.1:{port}',
                      '--num_processes=2', f'--process_id={i}'),
-      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+      cwd=REPO, env=env_with_devices(1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for i in range(2)]
   outputs = [p.communicate(timeout=400)[0] for p in processes]
   assert all(p.returncode == 0 for p in processes), outputs[0][-3000:] + outputs[1][-3000:]
   # One process with two local devices sees the same global batches (the plan depends on the device count).
   single = subprocess.run(_train_command(tmp_path / 'one', data_cache), cwd=REPO, capture_output=True, text=True,
-                          env={**env, 'XLA_FLAGS': xla_flags(2)}, timeout=400)
+                          env=env_with_devices(2), timeout=400)
   assert single.returncode == 0, single.stderr[-3000:]
   step_two, params_two = _final_params(tmp_path / 'two')
   step_one, params_one = _final_params(tmp_path / 'one')
