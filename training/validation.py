@@ -13,8 +13,11 @@ _POSITIVE_INTS = {
     'eval': ('beam_size',),
 }
 # Counts where 0 means none, all, or off (each field's comment in configs/base.py says which).
-_COUNTS = (('train', 'num_steps'), ('train', 'num_epochs'), ('optim', 'warmup_steps'),
-           ('data', 'eval_examples'), ('data', 'num_workers'))
+_COUNTS = {
+    'train': ('num_steps', 'num_epochs'),
+    'optim': ('warmup_steps',),
+    'data': ('eval_examples', 'num_workers'),
+}
 _SECTIONS = ('model', 'data', 'optim', 'train', 'eval')
 
 
@@ -38,10 +41,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       if not _is_int(value) or value < 1:
         raise ValueError(f'config.{section}.{name}={value!r} must be a positive integer')
   train = config.train
-  for section, name in _COUNTS:
-    value = config[section][name]
-    if not _is_int(value) or value < 0:
-      raise ValueError(f'config.{section}.{name}={value!r} must be an integer >= 0')
+  for section, names in _COUNTS.items():
+    for name in names:
+      value = config[section][name]
+      if not _is_int(value) or value < 0:
+        raise ValueError(f'config.{section}.{name}={value!r} must be an integer >= 0')
   if not (train.num_steps or train.num_epochs):
     raise ValueError(f'config.train.num_steps={train.num_steps} / num_epochs={train.num_epochs}: '
                      'set one of them to a positive number')
