@@ -131,6 +131,9 @@ def get_config() -> ml_collections.ConfigDict:
   train.num_steps = 10000
   # Training length in epochs over the training split; overrides num_steps when > 0.
   train.num_epochs = 0
+  # Wall-clock minutes the whole run may take (0: no limit): at the end of warmup the run plans the
+  # most steps, up to num_steps / num_epochs, that end within them (training/time_budget.py).
+  train.time_budget_minutes = 0.0
   # Seed of parameter init, data order and dropout.
   train.seed = 0
   # Steps between metric records.

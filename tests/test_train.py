@@ -13,7 +13,7 @@ import pytest
 
 from configs import smoke
 from data import tokenizer as tokenizer_lib
-from training import run_log, trainer
+from training import run_log, time_budget, trainer
 from training.checkpointing import Checkpointer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,13 +94,41 @@ def test_resumed_run_equals_uninterrupted_run_bitwise(finished_run, tmp_path):
   assert_resume_reproduces(config, str(tmp_path / 'killed'), 16, uninterrupted, workdir)
 
 
-def test_a_packed_run_resumed_equals_the_uninterrupted_packed_run_bitwise(tmp_path, data_cache):
-  # The Multi30k presets pack several pairs per row; a resumed run must rebuild the same rows.
-  config = smoke_config(data_cache, num_steps=12, log_every=3, eval_every=100, checkpoint_every=6)
-  config.data.pack_length = 16
-  uninterrupted = trainer.train_and_evaluate(config, str(tmp_path / 'whole'))
-  # Killed 3 steps after the step-6 checkpoint, after the step-9 record.
-  assert_resume_reproduces(config, str(tmp_path / 'killed'), 9, uninterrupted, tmp_path / 'whole')
+def test_a_budgeted_run_trains_the_length_it_planned_at_warmup_end_and_keeps_it_on_resume(
+    tmp_path, data_cache, monkeypatch):
+  # The plan's arithmetic is tests/test_time_budget.py's; here it is fixed at 26 steps of at most
+  # 40, and the run must equal one told num_steps=26 from the start: its cosine reaches 0 at 26,
+  # not 40, although its first 20 steps (warmup) ran before the plan. Its rows are packed, as the
+  # Multi30k presets' are, so this is also the test that a resumed run rebuilds the same rows.
+  def build(**train):
+    config = smoke_config(data_cache, log_every=4, eval_every=100, checkpoint_every=100, **train)
+    config.data.update(pack_length=16, eval_examples=8)
+    config.optim.update(schedule='cosine', warmup_steps=20)
+    return config
+
+  fixed = trainer.train_and_evaluate(build(num_steps=26), str(tmp_path / 'fixed'))
+  plans = []
+
+  def plan_length(costs, **inputs):
+    plans.append((costs, inputs))
+    return 26
+
+  monkeypatch.setattr(time_budget, 'plan_length', plan_length)
+  budgeted, workdir = build(num_steps=40, time_budget_minutes=60.0), str(tmp_path / 'budgeted')
+  # Stopped 3 steps after the plan and its checkpoint (step 20): resumed, it trains to 26, not 40,
+  # without planning again.
+  trainer.train_and_evaluate(budgeted, workdir, stop_after_steps=23)
+  resumed = trainer.train_and_evaluate(budgeted, workdir)
+  (costs, inputs), = plans
+  assert inputs['step'] == 20 and inputs['max_steps'] == 40 and inputs['budget_seconds'] == 3600
+  assert costs.step_seconds > 0 and costs.eval_seconds > 0 and inputs['elapsed_seconds'] > 0
+  assert int(resumed.step) == 26
+  assert params_equal_bitwise(resumed.params, fixed.params)
+  assert params_equal_bitwise(resumed.opt_state, fixed.opt_state)
+  records = read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  assert [r['step'] for r in records if 'planned_steps' in r] == [20]
+  assert [r['step'] for r in records if 'eval_loss' in r] == [20, 26]
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['20', '26']
 
 
 def test_divergence_stops_cleanly_and_keeps_the_last_good_checkpoint(tmp_path, data_cache):

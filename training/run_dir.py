@@ -44,8 +44,8 @@ SOURCE_FILE = 'source.json'
 # optimizer state, the tokenizer, the data or the dropout stream, so resuming with another value
 # would fail in orbax or, worse, silently mix two experiments.
 RESUMABLE_FIELDS = frozenset({
-    'train.num_steps', 'train.num_epochs', 'train.log_every', 'train.eval_every',
-    'train.checkpoint_every', 'train.keep_checkpoints', 'train.save_on_stop_after',
+    'train.num_steps', 'train.num_epochs', 'train.time_budget_minutes', 'train.log_every',
+    'train.eval_every', 'train.checkpoint_every', 'train.keep_checkpoints', 'train.save_on_stop_after',
     'train.divergence_loss_ceiling', 'train.divergence_growth', 'train.microbatch_tokens',
     'optim.learning_rate', 'optim.schedule', 'optim.warmup_steps', 'optim.decay_epochs',
     'optim.decay_factor',

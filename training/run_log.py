@@ -217,6 +217,12 @@ class Console:
                           disable=not self._interactive, unit='step', dynamic_ncols=True,
                           smoothing=0)
 
+  def set_total(self, total_steps: int) -> None:
+    """Changes the run's length (a time budget's plan) once the bar has started."""
+    self._total = total_steps
+    self._bar.total = total_steps
+    self._bar.refresh()
+
   def line(self, text: str) -> None:
     """Prints `text` on its own line (above the bar on a terminal)."""
     if self._interactive and self._bar is not None:

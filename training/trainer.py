@@ -5,7 +5,6 @@ state, step and data-iterator position; dropout keys derive from the step). What
 holds is training/run_dir.py's to say.
 """
 
-import contextlib
 import functools
 import math
 import time
@@ -14,16 +13,16 @@ from absl import logging
 from etils import epath
 import jax
 import ml_collections
-import numpy as np
 from jax.experimental import multihost_utils
 
-from data import datasets, pipeline, tokenizer as tokenizer_lib
-from model import flops as flops_lib
-from model.transformer import Transformer
-from training import partitioning, run_dir, run_log, stop_signals, train_state, validation
+from data import datasets, pipeline
+from training import (partitioning, run_dir, run_log, stop_signals, time_budget, train_state,
+                      validation)
+from training.console_lines import describe_data, describe_model, describe_validation
 from training.checkpointing import Checkpointer
 from training.evaluation import Evaluator
 from training.optimizer import make_optimizer
+from training.process_group import agreed, claim_run_folder, load_run_tokenizer
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -58,45 +57,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     return _train(config, workdir, changes, fingerprint, stop_after_steps)
 
 
-def load_run_tokenizer(workdir: str, data_config) -> tokenizer_lib.Tokenizer:
-  """The run's own vocabulary: WORKDIR/tokenizer.model, copied there from the cache on first start.
-
-  Keeping a copy in the workdir means resuming and eval.py never depend on a cache that may have
-  been cleared or rebuilt. Process 0 prepares data and tokenizer first, so processes sharing a
-  cache never race.
-  """
-  target = run_dir.path(workdir, run_dir.TOKENIZER_FILE)
-  if jax.process_index() == 0 and not target.exists():
-    cached = tokenizer_lib.get_tokenizer(data_config)
-    temporary = target.with_name(target.name + '.tmp')
-    cached.model_path.copy(temporary, overwrite=True)
-    temporary.replace(target)
-  multihost_utils.sync_global_devices('data and tokenizer prepared')
-  return tokenizer_lib.Tokenizer(target)
-
-
-@contextlib.contextmanager
-def claim_run_folder(workdir: str):
-  """Holds `workdir`'s RunLock for the block: taken by process 0, honoured by every process."""
-  lock = run_dir.RunLock(workdir)
-  refusal = None
-  if jax.process_index() == 0:
-    try:
-      lock.acquire()
-    except run_dir.RunFolderError as error:
-      refusal = error
-  if jax.process_count() > 1:
-    if not multihost_utils.broadcast_one_to_all(np.int32(refusal is None)):
-      raise refusal or run_dir.RunFolderError(f'{workdir} is being trained by another run '
-                                              '(process 0 could not lock it)')
-  elif refusal is not None:
-    raise refusal
-  try:
-    yield
-  finally:
-    lock.release()
-
-
 def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, fingerprint: str,
            stop_after_steps: int | None) -> train_state.TrainState:
   """train_and_evaluate's work once the folder is claimed and the config accepted."""
@@ -120,7 +80,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
       config.data, tokenizer, seed=config.train.seed, process_index=jax.process_index(),
       process_count=jax.process_count(), batch_multiple=jax.local_device_count())
   steps_per_epoch = train_iter.batches_per_epoch
-  total_steps = validation.total_steps(config.train, steps_per_epoch)
+  max_steps = validation.total_steps(config.train, steps_per_epoch)
+  total_steps = max_steps  # less when a time budget plans fewer (training/time_budget.py)
   tx, schedule = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
 
   state = train_state.create_train_state(model, tx, config.train.seed, mesh)
@@ -128,12 +89,14 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
                               save_every=config.train.checkpoint_every)
   latest = None
   saved_window = None  # the metrics window restored with the checkpoint
+  earlier_seconds = 0.0  # wall time of the run's earlier invocations, up to their last checkpoint
   if checkpointer.all_steps():
     latest, state, extra = checkpointer.restore_newest_intact(
         state, on_damaged=lambda error: say(f'{error}; trying the next older checkpoint'))
     train_iter.set_state(extra['data_iterator'])
     # Absent from checkpoints written before 2026-11-26: those runs resume with an empty window.
     saved_window = extra.get('metrics_window')
+    earlier_seconds = extra.get('run_seconds', 0.0)  # absent before 2026-11-27
     logging.info('resumed from step %d', latest)
     # Newer checkpoints failed to restore: kept aside, so this run can save those steps anew.
     for damaged in [step for step in checkpointer.all_steps() if step > latest]:
@@ -148,30 +111,49 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
                         out_shardings=partitioning.replicated(mesh))()
 
   microbatch_tokens = train_state.microbatch_tokens(config)
-
-  def step_and_accumulate(state, window, batch, dropout_key):
-    state, metrics = train_state.train_step(state, batch, model=model, tx=tx,
-                                            label_smoothing=config.train.label_smoothing,
-                                            dropout_key=dropout_key,
-                                            microbatch_tokens=microbatch_tokens)
-    # The step number again, as an output of its own that is not donated to the next step: the
-    # loop waits on it to stay at most one step ahead of the device.
-    return state, train_state.accumulate_metrics(window, metrics, state.step), state.step + 0
+  step = int(state.step)
+  writer = run_log.MetricsWriter(workdir, is_primary=is_primary, start_step=step)
+  budget_minutes = config.train.time_budget_minutes
+  warmup_steps = config.optim.warmup_steps
+  # The length a budgeted run planned before it was stopped (process 0 reads the records).
+  planned = agreed(time_budget.recorded_plan(writer.previous_records)) if budget_minutes else 0
+  if planned:
+    total_steps = min(max_steps, planned)
+    tx, schedule = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch,
+                                  total_steps=total_steps)
+  # The step whose end fixes a budgeted run's length: the end of warmup, timed from its middle.
+  plan_at = warmup_steps if budget_minutes and not planned and step < warmup_steps < max_steps else None
+  if budget_minutes and not planned and step >= warmup_steps and max_steps > warmup_steps:
+    say(f'train.time_budget_minutes={budget_minutes}: no length was planned before step {step} '
+        f'(the end of warmup, {warmup_steps}), so the run goes on to step {max_steps}')
 
   replicated = partitioning.replicated(mesh)
-  jit_train_step = jax.jit(step_and_accumulate,
-                           in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh),
-                                         replicated),
-                           out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
+
+  def compile_train_step(tx):
+    """The jitted step of optimizer `tx`; a new plan's schedule needs a new one."""
+    def step_and_accumulate(state, window, batch, dropout_key):
+      state, metrics = train_state.train_step(state, batch, model=model, tx=tx,
+                                              label_smoothing=config.train.label_smoothing,
+                                              dropout_key=dropout_key,
+                                              microbatch_tokens=microbatch_tokens)
+      # The step number again, as an output of its own that is not donated to the next step: the
+      # loop waits on it to stay at most one step ahead of the device.
+      return state, train_state.accumulate_metrics(window, metrics, state.step), state.step + 0
+
+    return jax.jit(step_and_accumulate,
+                   in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh), replicated),
+                   out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
+
+  jit_train_step = compile_train_step(tx)
   # Jitted, so every sum is its own buffer (the step donates them).
   new_window = jax.jit(train_state.empty_metrics_window, out_shardings=replicated)
   evaluator = Evaluator(config, tokenizer, model, mesh,
                         jax.jit(functools.partial(train_state.eval_step, model=model)))
 
-  step = int(state.step)
-  writer = run_log.MetricsWriter(workdir, is_primary=is_primary, start_step=step)
   say(describe_data(config.data, train_iter, tokenizer))
-  say(describe_model(model, state.params, total_steps, latest, microbatch_tokens))
+  length = (f'up to {max_steps} steps, as many as fit {budget_minutes} min (planned at step '
+            f'{plan_at})' if plan_at else f'{total_steps} steps')
+  say(describe_model(model, state.params, length, latest, microbatch_tokens))
   earlier_evals = [record for record in writer.previous_records if 'eval_loss' in record]
   loss_watch = run_log.LossWatch(
       ceiling=config.train.divergence_loss_ceiling, growth=config.train.divergence_growth,
@@ -196,7 +178,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
   # Epoch time is everything: data, steps, evaluation, checkpoints, compiling.
   epoch_start: float | None = None
   compile_seconds: dict[tuple, float] = {}  # per padded batch shape [B, T, S], this invocation
+  compiled = set()  # the shapes jit_train_step has compiled
   previous_step_done = None  # the step number output of the step dispatched before
+  paused = 0.0  # seconds of this invocation spent compiling, validating and saving
+  # Where a budgeted run starts timing its steps: (step, wall clock, paused) at the middle of
+  # warmup, or where this invocation starts if later.
+  timing_mark = (step, time.perf_counter(), paused) if plan_at and step >= plan_at // 2 else None
 
   def settle() -> dict:
     """Waits for the queued steps; returns their metrics window, or stops a run gone non-finite.
@@ -221,8 +208,30 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
     """Saves with the steps not yet recorded: their metric sums (settle()'s) and training seconds."""
     extra = {'data_iterator': train_iter.get_state(), 'epoch': epoch,
              'metrics_window': {'sums': train_state.metrics_window_to_json(sums),
-                                'seconds': window_seconds}}
+                                'seconds': window_seconds},
+             'run_seconds': earlier_seconds + time.perf_counter() - run_start}
     checkpointer.save(at_step, state, extra, metrics=metrics, force=force)
+
+  def fit_to_budget(steps_end: float, eval_seconds: float, save_seconds: float) -> int:
+    """Plans the run's length from its timed warmup steps (ending at `steps_end`), validation and save."""
+    mark_step, mark_time, mark_paused = timing_mark
+    costs = time_budget.Costs(
+        step_seconds=(steps_end - mark_time - (paused - mark_paused)) / (step - mark_step),
+        eval_seconds=eval_seconds, save_seconds=save_seconds)
+    elapsed = earlier_seconds + time.perf_counter() - run_start
+    planned = agreed(time_budget.plan_length(
+        costs, budget_seconds=budget_minutes * 60, elapsed_seconds=elapsed, step=step,
+        max_steps=max_steps, eval_every=config.train.eval_every,
+        checkpoint_every=config.train.checkpoint_every))
+    ends = elapsed + time_budget.seconds_left(costs, step=step, last_step=planned,
+                                              eval_every=config.train.eval_every,
+                                              checkpoint_every=config.train.checkpoint_every)
+    writer.write(step, time_budget.plan_record(planned, costs, elapsed))
+    say(f'time budget {budget_minutes} min: {elapsed / 60:.1f} min spent by step {step}; a step '
+        f'takes {costs.step_seconds:.3f} s, a validation {eval_seconds:.1f} s, a checkpoint '
+        f'{save_seconds:.1f} s: the run ends at step {planned} of at most {max_steps}, after '
+        f'~{ends / 60:.1f} min')
+    return planned
 
   # From here on SIGTERM and SIGINT stop the run at the end of a step (before, they end it at once).
   signals = stop_signals.StopSignals(multiprocess=jax.process_count() > 1)
@@ -237,7 +246,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         epoch_start = time.perf_counter() if step % steps_per_epoch == 0 else None
       epoch = batch_epoch
       shape = tuple(local_batch['decoder_input_tokens'].shape) + local_batch['encoder_input_tokens'].shape[1:]
-      new_shape = shape not in compile_seconds
+      new_shape = shape not in compiled
       if new_shape:
         # The call below compiles before dispatching. Steps already queued would run during the
         # compilation and be counted out of the throughput with it: let them finish first.
@@ -246,10 +255,13 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
       state, window, step_done = jit_train_step(state, window,
                                                 partitioning.global_batch(local_batch, mesh), dropout_key)
       if new_shape:
-        compile_seconds[shape] = time.perf_counter() - dispatch_start
+        seconds = time.perf_counter() - dispatch_start
+        compiled.add(shape)
+        compile_seconds[shape] = compile_seconds.get(shape, 0.0) + seconds
         logging.info('train step compiled for batch shape %s in %.1f s (%d shapes so far)', shape,
-                     compile_seconds[shape], len(compile_seconds))
-        window_start += compile_seconds[shape]  # compiling is not training throughput
+                     seconds, len(compile_seconds))
+        window_start += seconds  # compiling is not training throughput
+        paused += seconds
       # Wait for the step before this one, while this one runs: no transfer, and the host stays
       # one step ahead, so a stop signal (handled only between Python calls) acts within a step
       # instead of after a whole log window of queued steps.
@@ -280,20 +292,37 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         window, window_start = new_window(), time.perf_counter()
       elif console:
         console.step(step)
+      if timing_mark is None and plan_at and step == plan_at // 2:
+        timing_mark = (step, time.perf_counter(), paused)
       eval_metrics = None
       pause_start = time.perf_counter()
-      if step % config.train.eval_every == 0 or at_end:
+      # A budgeted run validates and saves at the end of warmup as well, to time both.
+      if step % config.train.eval_every == 0 or at_end or step == plan_at:
         settle()
+        eval_start = time.perf_counter()
         eval_metrics = evaluator(train_state.model_variables(state.params, state.batch_stats), state)
+        eval_seconds = time.perf_counter() - eval_start
         writer.write(step, eval_metrics)
         logging.info('step %d: %s', step, eval_metrics)
         say(describe_validation(step, eval_metrics, best))
-      if step % config.train.checkpoint_every == 0 or at_end:
-        save(step, settle(), pause_start - window_start,
-             {'val_loss': eval_metrics['eval_loss']} if eval_metrics else None, force=at_end)
+      if step % config.train.checkpoint_every == 0 or at_end or step == plan_at:
+        sums = settle()
+        save_start = time.perf_counter()
+        save(step, sums, pause_start - window_start,
+             {'val_loss': eval_metrics['eval_loss']} if eval_metrics else None,
+             force=at_end or step == plan_at)
+        save_seconds = time.perf_counter() - save_start
         last_saved = step
+      if step == plan_at:
+        total_steps = fit_to_budget(pause_start, eval_seconds, save_seconds)
+        tx, schedule = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch,
+                                      total_steps=total_steps)
+        jit_train_step, compiled = compile_train_step(tx), set()
+        if console:
+          console.set_total(total_steps)
       # Evaluation and saving are not training: keep them out of tokens_per_sec.
       window_start += time.perf_counter() - pause_start
+      paused += time.perf_counter() - pause_start
       if stop_after_steps is not None and steps_this_run >= stop_after_steps:
         checkpointer.wait_until_finished()
         return state
@@ -330,44 +359,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
   if is_primary:
     run_log.write_status(workdir, 'finished', step=step)
     best_step = checkpointer.best_step()
-    say(f'finished at step {step} in {(time.perf_counter() - run_start) / 60:.1f} min; run folder '
-        f'{workdir}' + (f', best checkpoint step {best_step}' if best_step is not None else ''))
+    budget = f' (time budget {budget_minutes} min)' if budget_minutes else ''
+    say(f'finished at step {step} in {(time.perf_counter() - run_start) / 60:.1f} min{budget}; run '
+        f'folder {workdir}' + (f', best checkpoint step {best_step}' if best_step is not None else ''))
   return state
-
-
-def describe_data(data_config, train_iter: pipeline.TrainIterator, tokenizer) -> str:
-  """The console's line about the prepared data."""
-  source, target = datasets.language_pair(data_config)
-  packing = (f', packed into rows of {data_config.pack_length} tokens'
-             if data_config.pack_length else '')
-  samples = data_config.subword_samples
-  sampled = f' ({samples} sampled segmentations of each)' if samples else ''
-  short = (f', {train_iter.num_long_sources:,} with sources of more than '
-           f'{data_config.train_max_source_words} words' if data_config.train_max_source_words else '')
-  return (f'data: {data_config.dataset} {source}->{target}, {train_iter.num_pairs:,} training pairs{sampled} '
-          f'in {train_iter.batches_per_epoch} batches per epoch{packing} ({train_iter.num_filtered} '
-          f'longer than max_length={data_config.max_length}{short} left out), vocabulary '
-          f'{tokenizer.vocab_size:,}; cached in {datasets.cache_dir(data_config)}')
-
-
-def describe_model(model: Transformer, params, total_steps: int, resumed_from: int | None,
-                   microbatch_tokens: int = 0) -> str:
-  """The console's line about the model, how a step is computed and the run's length."""
-  cfg = model.config
-  parameters = sum(leaf.size for leaf in jax.tree.leaves(params))
-  # Per target token of a training step on 32-token pairs (FLOPs grow with length).
-  flops = flops_lib.train_step_flops(cfg, 1, 32, 32) / 32
-  start = f'resuming at step {resumed_from}' if resumed_from is not None else 'starting'
-  slices = (f', each step in slices of ~{microbatch_tokens} tokens (train.microbatch_tokens)'
-            if microbatch_tokens else '')
-  return (f'model: {cfg.num_encoder_layers}+{cfg.num_decoder_layers} layers, d_model {cfg.d_model}, '
-          f'{parameters / 1e6:.2f}M parameters, {flops / 1e6:.3g} MFLOP per target token to train'
-          f'{slices}; {start}, {total_steps} steps')
-
-
-def describe_validation(step: int, metrics: dict, best: dict) -> str:
-  """The console's line for one validation; updates `best` (lowest eval_loss, highest bleu)."""
-  best['eval_loss'] = min(best['eval_loss'], metrics['eval_loss'])
-  best['bleu'] = max(best['bleu'], metrics['bleu'])
-  return (f'step {step}: validation loss {metrics["eval_loss"]:.3f} (best {best["eval_loss"]:.3f}), '
-          f'greedy BLEU {metrics["bleu"]:.2f} (best {best["bleu"]:.2f})')

@@ -4,6 +4,7 @@ import ml_collections
 
 from data import datasets, tokenizer
 from model.config import ModelConfig
+from training import time_budget
 from training.optimizer import make_optimizer
 
 
@@ -49,6 +50,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if not (train.num_steps or train.num_epochs):
     raise ValueError(f'config.train.num_steps={train.num_steps} / num_epochs={train.num_epochs}: '
                      'set one of them to a positive number')
+  time_budget.check(train.time_budget_minutes, config.optim.warmup_steps)
   if not 0.0 <= train.label_smoothing < 1.0:
     raise ValueError(f'config.train.label_smoothing={train.label_smoothing!r} must be in [0, 1)')
   microbatch = train.microbatch_tokens

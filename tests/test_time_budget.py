@@ -1,0 +1,70 @@
+"""The time budget's plan against a step-by-step simulation of the loop it plans for."""
+
+import pytest
+
+from training import time_budget
+
+COSTS = time_budget.Costs(step_seconds=0.5, eval_seconds=20.0, save_seconds=2.0)
+
+
+def simulated_seconds(costs, *, step, last_step, eval_every, checkpoint_every):
+  """train.py's loop from the end of `step`: each step, then its validation and save when due."""
+  seconds = 0.0
+  for done in range(step + 1, last_step + 1):
+    seconds += costs.step_seconds
+    seconds += costs.eval_seconds if done % eval_every == 0 or done == last_step else 0.0
+    seconds += costs.save_seconds if done % checkpoint_every == 0 or done == last_step else 0.0
+  return seconds
+
+
+@pytest.mark.parametrize('step,last_step,eval_every,checkpoint_every', [
+    (400, 9600, 2400, 400), (400, 9599, 2400, 400), (400, 401, 2400, 400), (20, 77, 7, 10),
+    (2400, 4800, 2400, 2400), (399, 800, 400, 400)])
+def test_seconds_left_equals_the_simulated_loop(step, last_step, eval_every, checkpoint_every):
+  kwargs = dict(step=step, last_step=last_step, eval_every=eval_every, checkpoint_every=checkpoint_every)
+  assert time_budget.seconds_left(COSTS, **kwargs) == pytest.approx(simulated_seconds(COSTS, **kwargs))
+
+
+@pytest.mark.parametrize('budget_seconds,elapsed_seconds,max_steps', [
+    (3600, 300, 9600), (3600, 300, 20000), (600, 60, 2000), (400, 100, 2000), (3600, 0, 401)])
+def test_the_plan_is_the_last_length_that_fits_the_budget_less_the_reserve(
+    budget_seconds, elapsed_seconds, max_steps):
+  step, eval_every, checkpoint_every = 400, 1000, 400
+  planned = time_budget.plan_length(COSTS, budget_seconds=budget_seconds, elapsed_seconds=elapsed_seconds,
+                                    step=step, max_steps=max_steps, eval_every=eval_every,
+                                    checkpoint_every=checkpoint_every)
+  available = budget_seconds * (1 - time_budget.RESERVE_FRACTION) - elapsed_seconds
+  fitting = [last for last in range(step + 1, max_steps + 1)
+             if simulated_seconds(COSTS, step=step, last_step=last, eval_every=eval_every,
+                                  checkpoint_every=checkpoint_every) <= available]
+  assert planned == max(fitting)
+
+
+def test_a_spent_budget_plans_one_step_past_warmup_and_a_cap_at_warmup_is_refused():
+  kwargs = dict(step=400, eval_every=1000, checkpoint_every=400)
+  assert time_budget.plan_length(COSTS, budget_seconds=60, elapsed_seconds=90, max_steps=9600,
+                                 **kwargs) == 401
+  with pytest.raises(ValueError, match='max_steps=400 leaves nothing to plan after step 400'):
+    time_budget.plan_length(COSTS, budget_seconds=3600, elapsed_seconds=0, max_steps=400, **kwargs)
+
+
+@pytest.mark.parametrize('minutes,warmup,expected', [
+    (-1.0, 400, r'config.train.time_budget_minutes=-1.0 must be a number of minutes >= 0 \(0: no budget\)'),
+    (float('nan'), 400, 'config.train.time_budget_minutes=nan must be a number of minutes >= 0'),
+    (True, 400, 'config.train.time_budget_minutes=True must be a number of minutes >= 0'),
+    ('60', 400, "config.train.time_budget_minutes='60' must be a number of minutes >= 0"),
+    (60.0, 19, r'config.train.time_budget_minutes=60.0 needs config.optim.warmup_steps >= 20 \(it is 19\)'),
+])
+def test_bad_budgets_are_one_line_errors(minutes, warmup, expected):
+  with pytest.raises(ValueError, match=expected):
+    time_budget.check(minutes, warmup)
+  time_budget.check(0.0, 0)  # no budget: any warmup
+  time_budget.check(60, 20)
+
+
+def test_the_recorded_plan_is_read_back_from_the_records():
+  records = [{'step': 10, 'train_loss': 3.0}, {'step': 20, **time_budget.plan_record(
+      77, COSTS, 12.5)}, {'step': 30, 'train_loss': 2.0}]
+  assert time_budget.recorded_plan(records) == 77
+  assert records[1]['planned_from_step_seconds'] == 0.5
+  assert time_budget.recorded_plan(records[:1] + records[2:]) == 0

@@ -1,0 +1,60 @@
+"""What process 0 does for every process of a run: lock its folder, prepare its tokenizer, decide.
+
+On one process these are plain calls; across `jax.distributed` processes the others wait for
+process 0 and take its answer, so no two processes race on a shared folder or disagree on a plan.
+"""
+
+import contextlib
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from data import tokenizer as tokenizer_lib
+from training import run_dir
+
+
+def load_run_tokenizer(workdir: str, data_config) -> tokenizer_lib.Tokenizer:
+  """The run's own vocabulary: WORKDIR/tokenizer.model, copied there from the cache on first start.
+
+  Keeping a copy in the workdir means resuming and eval.py never depend on a cache that may have
+  been cleared or rebuilt. Process 0 prepares data and tokenizer first, so processes sharing a
+  cache never race.
+  """
+  target = run_dir.path(workdir, run_dir.TOKENIZER_FILE)
+  if jax.process_index() == 0 and not target.exists():
+    cached = tokenizer_lib.get_tokenizer(data_config)
+    temporary = target.with_name(target.name + '.tmp')
+    cached.model_path.copy(temporary, overwrite=True)
+    temporary.replace(target)
+  multihost_utils.sync_global_devices('data and tokenizer prepared')
+  return tokenizer_lib.Tokenizer(target)
+
+
+def agreed(value: int) -> int:
+  """Process 0's `value` on every process: what it read from the records or planned from its clock."""
+  if jax.process_count() == 1:
+    return value
+  return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
+@contextlib.contextmanager
+def claim_run_folder(workdir: str):
+  """Holds `workdir`'s RunLock for the block: taken by process 0, honoured by every process."""
+  lock = run_dir.RunLock(workdir)
+  refusal = None
+  if jax.process_index() == 0:
+    try:
+      lock.acquire()
+    except run_dir.RunFolderError as error:
+      refusal = error
+  if jax.process_count() > 1:
+    if not multihost_utils.broadcast_one_to_all(np.int32(refusal is None)):
+      raise refusal or run_dir.RunFolderError(f'{workdir} is being trained by another run '
+                                              '(process 0 could not lock it)')
+  elif refusal is not None:
+    raise refusal
+  try:
+    yield
+  finally:
+    lock.release()

@@ -1,0 +1,94 @@
+"""A run's length fitted to wall-clock minutes (config.train.time_budget_minutes).
+
+How many steps fit an hour depends on the machine (the Multi30k presets' 9600 steps take 51 min on
+one 2-core VM and ~1 h 45 min on another), and a schedule that decays to 0 on the last step
+('cosine', 'linear') must know that step before it starts decaying. Warmup does not depend on the
+run's length, so a budgeted run measures itself while it warms up and fixes its length when warmup
+ends: it times the steps of the second half of warmup, then one validation and one
+checkpoint, and plans the most steps whose training, validations and checkpoints end within the
+budget, less a reserve. num_steps / num_epochs stay the upper bound. The plan is saved with every
+later checkpoint, so a resumed run keeps the length it planned, not one planned anew.
+"""
+
+import dataclasses
+import math
+
+# Kept back from the budget: process start-up before timing begins and exit after the last save,
+# batch shapes first met after the plan (compiled then), and drift in step time, which moved by
+# 2-4% between epochs on the 2-core VMs (docs/results.md, 7).
+RESERVE_FRACTION = 0.03
+# Fewest warmup steps to time: half of them are measured, after the first one's compilation.
+MIN_WARMUP_STEPS = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+  """Measured seconds of the work left in a run."""
+  step_seconds: float  # one training step, data included, compilation excluded
+  eval_seconds: float  # one validation (loss and greedy BLEU)
+  save_seconds: float  # one checkpoint, the part the loop waits for
+
+
+def check(budget_minutes, warmup_steps: int) -> None:
+  """Raises ValueError (one line) for a budget that is not a number >= 0 or a warmup too short to time."""
+  if isinstance(budget_minutes, bool) or not isinstance(budget_minutes, (int, float)) or not (
+      budget_minutes >= 0 and math.isfinite(budget_minutes)):
+    raise ValueError(f'config.train.time_budget_minutes={budget_minutes!r} must be a number of '
+                     'minutes >= 0 (0: no budget)')
+  if budget_minutes and warmup_steps < MIN_WARMUP_STEPS:
+    raise ValueError(f'config.train.time_budget_minutes={budget_minutes} needs config.optim.'
+                     f'warmup_steps >= {MIN_WARMUP_STEPS} (it is {warmup_steps}): the run\'s length '
+                     'is fitted to the budget from the steps timed during warmup')
+
+
+def _count_multiples(every: int, after: int, upto: int) -> int:
+  """How many multiples of `every` lie in (after, upto]."""
+  return upto // every - after // every
+
+
+def seconds_left(costs: Costs, *, step: int, last_step: int, eval_every: int,
+                 checkpoint_every: int) -> float:
+  """Seconds from the end of `step` to the end of a run whose last step is `last_step`.
+
+  Every step costs the same; a validation and a checkpoint follow each multiple of eval_every
+  and checkpoint_every, and the last step (train.py's loop).
+  """
+  def pauses(every):
+    return _count_multiples(every, step, last_step) + (1 if last_step % every else 0)
+
+  return ((last_step - step) * costs.step_seconds + pauses(eval_every) * costs.eval_seconds
+          + pauses(checkpoint_every) * costs.save_seconds)
+
+
+def plan_length(costs: Costs, *, budget_seconds: float, elapsed_seconds: float, step: int,
+                max_steps: int, eval_every: int, checkpoint_every: int) -> int:
+  """The most steps, at most `max_steps`, whose run ends within the budget less its reserve.
+
+  At least step + 1: a schedule that decays to 0 needs a step after warmup, so a budget already
+  spent ends one step later than planned rather than not at all (the console says so).
+  """
+  if max_steps <= step:
+    raise ValueError(f'max_steps={max_steps} leaves nothing to plan after step {step}')
+  available = budget_seconds * (1 - RESERVE_FRACTION) - elapsed_seconds
+  fits = lambda last_step: seconds_left(costs, step=step, last_step=last_step, eval_every=eval_every,
+                                        checkpoint_every=checkpoint_every) <= available
+  low, high = step + 1, max_steps  # seconds_left grows with last_step: bisect for the last fit
+  if not fits(low):
+    return low
+  while low < high:
+    middle = (low + high + 1) // 2
+    low, high = (middle, high) if fits(middle) else (low, middle - 1)
+  return low
+
+
+def plan_record(planned_steps: int, costs: Costs, elapsed_seconds: float) -> dict:
+  """The metrics record of a plan: the length, and the measurements it came from."""
+  return {'planned_steps': planned_steps, 'planned_from_step_seconds': costs.step_seconds,
+          'planned_from_eval_seconds': costs.eval_seconds,
+          'planned_from_save_seconds': costs.save_seconds,
+          'planned_from_elapsed_seconds': elapsed_seconds}
+
+
+def recorded_plan(records: list[dict]) -> int:
+  """The length planned in a run's earlier records (metrics.jsonl), 0 if none was."""
+  return next((record['planned_steps'] for record in records if 'planned_steps' in record), 0)
