@@ -83,8 +83,9 @@ def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int | No
     config[section].update(fields)
   config.optim.schedule = 'inverse_sqrt'
   # Evaluation and checkpoints only after the last step, outside the timed windows.
+  # Exactly `steps`, whatever the preset's time budget would plan.
   config.train.update(num_steps=steps, log_every=log_every, eval_every=10**9,
-                      checkpoint_every=10**9, num_epochs=0)
+                      checkpoint_every=10**9, num_epochs=0, time_budget_minutes=0.0)
   config.data.eval_examples = 8
   return config
 
