@@ -4,7 +4,7 @@ import pytest
 
 from training import time_budget
 
-COSTS = time_budget.Costs(step_seconds=0.5, eval_seconds=20.0, save_seconds=2.0)
+COSTS = time_budget.Costs(step_seconds=0.5, eval_seconds=20.0, save_seconds=2.0, compile_seconds=30.0)
 
 
 def simulated_seconds(costs, *, step, last_step, eval_every, checkpoint_every):
@@ -33,7 +33,8 @@ def test_the_plan_is_the_last_length_that_fits_the_budget_less_the_reserve(
   planned = time_budget.plan_length(COSTS, budget_seconds=budget_seconds, elapsed_seconds=elapsed_seconds,
                                     step=step, max_steps=max_steps, eval_every=eval_every,
                                     checkpoint_every=checkpoint_every)
-  available = budget_seconds * (1 - time_budget.RESERVE_FRACTION) - elapsed_seconds
+  # The step is compiled again, once, for the planned schedule.
+  available = budget_seconds * (1 - time_budget.RESERVE_FRACTION) - elapsed_seconds - COSTS.compile_seconds
   fitting = [last for last in range(step + 1, max_steps + 1)
              if simulated_seconds(COSTS, step=step, last_step=last, eval_every=eval_every,
                                   checkpoint_every=checkpoint_every) <= available]
@@ -62,9 +63,21 @@ def test_bad_budgets_are_one_line_errors(minutes, warmup, expected):
   time_budget.check(60, 20)
 
 
-def test_the_recorded_plan_is_read_back_from_the_records():
-  records = [{'step': 10, 'train_loss': 3.0}, {'step': 20, **time_budget.plan_record(
-      77, COSTS, 12.5)}, {'step': 30, 'train_loss': 2.0}]
-  assert time_budget.recorded_plan(records) == 77
-  assert records[1]['planned_from_step_seconds'] == 0.5
-  assert time_budget.recorded_plan(records[:1] + records[2:]) == 0
+def test_a_run_stops_where_the_next_check_then_a_validation_and_a_save_would_pass_the_budget():
+  # 50 steps (25 s), a validation (20 s) and a save (2 s) from `edge` end exactly at the budget
+  # less the start-up and exit the loop does not time.
+  edge = 3600 - time_budget.UNTIMED_SECONDS - (50 * 0.5 + 20.0 + 2.0)
+  kwargs = dict(budget_seconds=3600, steps_to_next_check=50)
+  assert not time_budget.must_stop(COSTS, elapsed_seconds=edge, **kwargs)
+  assert time_budget.must_stop(COSTS, elapsed_seconds=edge + 0.5, **kwargs)
+
+
+def test_the_last_recorded_plan_and_its_costs_are_read_back_from_the_records():
+  records = [{'step': 10, 'train_loss': 3.0}, {'step': 20, **time_budget.plan_record(77, COSTS, 12.5)},
+             {'step': 30, 'train_loss': 2.0}]
+  assert time_budget.recorded_plan(records) == (77, COSTS)
+  assert records[1]['planned_from_elapsed_seconds'] == 12.5
+  # Cut short at step 40 (training/trainer.py's early end): the later record wins.
+  cut = records + [{'step': 40, **time_budget.plan_record(40, COSTS, 3590.0)}]
+  assert time_budget.recorded_plan(cut) == (40, COSTS)
+  assert time_budget.recorded_plan(records[:1] + records[2:]) == (0, None)

@@ -94,19 +94,21 @@ def test_resumed_run_equals_uninterrupted_run_bitwise(finished_run, tmp_path):
   assert_resume_reproduces(config, str(tmp_path / 'killed'), 16, uninterrupted, workdir)
 
 
+def budget_test_config(cache_dir, **train):
+  """Packed smoke rows, cosine after 20 warmup steps: the shape of the hour presets, in seconds."""
+  config = smoke_config(cache_dir, log_every=4, eval_every=100, checkpoint_every=100, **train)
+  config.data.update(pack_length=16, eval_examples=8)
+  config.optim.update(schedule='cosine', warmup_steps=20)
+  return config
+
+
 def test_a_budgeted_run_trains_the_length_it_planned_at_warmup_end_and_keeps_it_on_resume(
     tmp_path, data_cache, monkeypatch):
   # The plan's arithmetic is tests/test_time_budget.py's; here it is fixed at 26 steps of at most
   # 40, and the run must equal one told num_steps=26 from the start: its cosine reaches 0 at 26,
   # not 40, although its first 20 steps (warmup) ran before the plan. Its rows are packed, as the
   # Multi30k presets' are, so this is also the test that a resumed run rebuilds the same rows.
-  def build(**train):
-    config = smoke_config(data_cache, log_every=4, eval_every=100, checkpoint_every=100, **train)
-    config.data.update(pack_length=16, eval_examples=8)
-    config.optim.update(schedule='cosine', warmup_steps=20)
-    return config
-
-  fixed = trainer.train_and_evaluate(build(num_steps=26), str(tmp_path / 'fixed'))
+  fixed = trainer.train_and_evaluate(budget_test_config(data_cache, num_steps=26), str(tmp_path / 'fixed'))
   plans = []
 
   def plan_length(costs, **inputs):
@@ -114,14 +116,16 @@ def test_a_budgeted_run_trains_the_length_it_planned_at_warmup_end_and_keeps_it_
     return 26
 
   monkeypatch.setattr(time_budget, 'plan_length', plan_length)
-  budgeted, workdir = build(num_steps=40, time_budget_minutes=60.0), str(tmp_path / 'budgeted')
+  budgeted = budget_test_config(data_cache, num_steps=40, time_budget_minutes=60.0)
+  workdir = str(tmp_path / 'budgeted')
   # Stopped 3 steps after the plan and its checkpoint (step 20): resumed, it trains to 26, not 40,
   # without planning again.
   trainer.train_and_evaluate(budgeted, workdir, stop_after_steps=23)
   resumed = trainer.train_and_evaluate(budgeted, workdir)
   (costs, inputs), = plans
   assert inputs['step'] == 20 and inputs['max_steps'] == 40 and inputs['budget_seconds'] == 3600
-  assert costs.step_seconds > 0 and costs.eval_seconds > 0 and inputs['elapsed_seconds'] > 0
+  assert costs.step_seconds > 0 and costs.eval_seconds > 0 and costs.compile_seconds > 0
+  assert inputs['elapsed_seconds'] > 0
   assert int(resumed.step) == 26
   assert params_equal_bitwise(resumed.params, fixed.params)
   assert params_equal_bitwise(resumed.opt_state, fixed.opt_state)
@@ -129,6 +133,25 @@ def test_a_budgeted_run_trains_the_length_it_planned_at_warmup_end_and_keeps_it_
   assert [r['step'] for r in records if 'planned_steps' in r] == [20]
   assert [r['step'] for r in records if 'eval_loss' in r] == [20, 26]
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['20', '26']
+
+
+def test_a_run_behind_its_budget_ends_early_with_a_validation_and_a_checkpoint(
+    tmp_path, data_cache, monkeypatch):
+  # A plan of all 40 steps against a budget of 0.6 s, spent before the plan: at the first log step
+  # after it (24) the clock ends the run, which validates, saves and records the shortened plan.
+  monkeypatch.setattr(time_budget, 'plan_length', lambda costs, **inputs: inputs['max_steps'])
+  config = budget_test_config(data_cache, num_steps=40, time_budget_minutes=0.01)
+  workdir = tmp_path / 'run'
+  assert int(trainer.train_and_evaluate(config, str(workdir)).step) == 24
+  records = read_jsonl(workdir / 'metrics.jsonl')
+  assert [(r['step'], r['planned_steps']) for r in records if 'planned_steps' in r] == [(20, 40), (24, 24)]
+  assert [r['step'] for r in records if 'eval_loss' in r] == [20, 24]
+  status = json.load(open(workdir / 'status.json'))
+  assert (status['state'], status['step']) == ('finished', 24)
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['20', '24']
+  # The same command again: the run is finished at 24, not resumed towards the first plan's 40.
+  assert int(trainer.train_and_evaluate(config, str(workdir)).step) == 24
+  assert len(read_jsonl(workdir / 'metrics.jsonl')) == len(records)
 
 
 def test_divergence_stops_cleanly_and_keeps_the_last_good_checkpoint(tmp_path, data_cache):

@@ -5,9 +5,14 @@ one 2-core VM and ~1 h 45 min on another), and a schedule that decays to 0 on th
 ('cosine', 'linear') must know that step before it starts decaying. Warmup does not depend on the
 run's length, so a budgeted run measures itself while it warms up and fixes its length when warmup
 ends: it times the steps of the second half of warmup, then one validation and one
-checkpoint, and plans the most steps whose training, validations and checkpoints end within the
-budget, less a reserve. num_steps / num_epochs stay the upper bound. The plan is saved with every
-later checkpoint, so a resumed run keeps the length it planned, not one planned anew.
+checkpoint, and plans the most steps whose training, validations and checkpoints (and the step's
+compilation for the new schedule) end within the budget, less a reserve. num_steps / num_epochs
+stay the upper bound. The plan is a metrics record, so a resumed run keeps the length it planned.
+
+Step time drifts on a shared machine (epochs of one Xeon VM run took 91-141 s), so after the plan
+the run checks the clock at every log step and ends early, with its validation and checkpoint,
+where the next log step would come too late (`must_stop`): the budget holds, at the price of a
+learning rate not yet at 0.
 """
 
 import dataclasses
@@ -17,6 +22,9 @@ import math
 # batch shapes first met after the plan (compiled then), and drift in step time, which moved by
 # 2-4% between epochs on the 2-core VMs (docs/results.md, 7).
 RESERVE_FRACTION = 0.03
+# What no clock of the loop sees, which the early end (`must_stop`) keeps back: the process's start-up
+# before train_and_evaluate (imports, devices) and its exit after the last save.
+UNTIMED_SECONDS = 30.0
 # Fewest warmup steps to time: half of them are measured, after the first one's compilation.
 MIN_WARMUP_STEPS = 20
 
@@ -27,6 +35,7 @@ class Costs:
   step_seconds: float  # one training step, data included, compilation excluded
   eval_seconds: float  # one validation (loss and greedy BLEU)
   save_seconds: float  # one checkpoint, the part the loop waits for
+  compile_seconds: float  # compiling the training step again, once, for the planned schedule
 
 
 def check(budget_minutes, warmup_steps: int) -> None:
@@ -69,7 +78,7 @@ def plan_length(costs: Costs, *, budget_seconds: float, elapsed_seconds: float, 
   """
   if max_steps <= step:
     raise ValueError(f'max_steps={max_steps} leaves nothing to plan after step {step}')
-  available = budget_seconds * (1 - RESERVE_FRACTION) - elapsed_seconds
+  available = budget_seconds * (1 - RESERVE_FRACTION) - elapsed_seconds - costs.compile_seconds
   fits = lambda last_step: seconds_left(costs, step=step, last_step=last_step, eval_every=eval_every,
                                         checkpoint_every=checkpoint_every) <= available
   low, high = step + 1, max_steps  # seconds_left grows with last_step: bisect for the last fit
@@ -81,14 +90,29 @@ def plan_length(costs: Costs, *, budget_seconds: float, elapsed_seconds: float, 
   return low
 
 
+def must_stop(costs: Costs, *, budget_seconds: float, elapsed_seconds: float,
+              steps_to_next_check: int) -> bool:
+  """Whether a run behind its plan ends now: the next check, then a validation and a checkpoint,
+  would end past the budget (less what the loop's clock does not see)."""
+  return (elapsed_seconds + steps_to_next_check * costs.step_seconds + costs.eval_seconds
+          + costs.save_seconds) > budget_seconds - UNTIMED_SECONDS
+
+
+_RECORD_PREFIX = 'planned_from_'
+
+
 def plan_record(planned_steps: int, costs: Costs, elapsed_seconds: float) -> dict:
   """The metrics record of a plan: the length, and the measurements it came from."""
-  return {'planned_steps': planned_steps, 'planned_from_step_seconds': costs.step_seconds,
-          'planned_from_eval_seconds': costs.eval_seconds,
-          'planned_from_save_seconds': costs.save_seconds,
-          'planned_from_elapsed_seconds': elapsed_seconds}
+  return {'planned_steps': planned_steps, f'{_RECORD_PREFIX}elapsed_seconds': elapsed_seconds,
+          **{_RECORD_PREFIX + field.name: getattr(costs, field.name)
+             for field in dataclasses.fields(Costs)}}
 
 
-def recorded_plan(records: list[dict]) -> int:
-  """The length planned in a run's earlier records (metrics.jsonl), 0 if none was."""
-  return next((record['planned_steps'] for record in records if 'planned_steps' in record), 0)
+def recorded_plan(records: list[dict]) -> tuple[int, Costs | None]:
+  """The length last planned in a run's earlier records (metrics.jsonl), cut short where the run
+  ended early, and its costs; (0, None) if none."""
+  for record in reversed(records):
+    if 'planned_steps' in record:
+      return record['planned_steps'], Costs(**{field.name: record[_RECORD_PREFIX + field.name]
+                                                for field in dataclasses.fields(Costs)})
+  return 0, None

@@ -27,7 +27,8 @@ from training.process_group import agreed, claim_run_folder, load_run_tokenizer
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        stop_after_steps: int | None = None) -> train_state.TrainState:
-  """Trains to config.train.num_steps (or num_epochs), resuming from `workdir` if it has checkpoints.
+  """Trains to config.train.num_steps (or num_epochs, or the fewer steps that fit
+  train.time_budget_minutes), resuming from `workdir` if it has checkpoints.
 
   Before anything is written: the config is checked, the run folder locked (one process group
   trains a run at a time) and, on resume, the config compared with the run's config.json.
@@ -115,8 +116,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
   writer = run_log.MetricsWriter(workdir, is_primary=is_primary, start_step=step)
   budget_minutes = config.train.time_budget_minutes
   warmup_steps = config.optim.warmup_steps
-  # The length a budgeted run planned before it was stopped (process 0 reads the records).
-  planned = agreed(time_budget.recorded_plan(writer.previous_records)) if budget_minutes else 0
+  # The length a budgeted run planned before it was stopped, and the costs it planned with
+  # (process 0 reads the records; only its clock decides when to stop early).
+  planned, plan_costs = (time_budget.recorded_plan(writer.previous_records) if budget_minutes
+                         else (0, None))
+  planned = agreed(planned)
   if planned:
     total_steps = min(max_steps, planned)
     tx, schedule = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch,
@@ -212,12 +216,14 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
              'run_seconds': earlier_seconds + time.perf_counter() - run_start}
     checkpointer.save(at_step, state, extra, metrics=metrics, force=force)
 
-  def fit_to_budget(steps_end: float, eval_seconds: float, save_seconds: float) -> int:
+  def fit_to_budget(steps_end: float, eval_seconds: float,
+                    save_seconds: float) -> tuple[int, time_budget.Costs]:
     """Plans the run's length from its timed warmup steps (ending at `steps_end`), validation and save."""
     mark_step, mark_time, mark_paused = timing_mark
     costs = time_budget.Costs(
         step_seconds=(steps_end - mark_time - (paused - mark_paused)) / (step - mark_step),
-        eval_seconds=eval_seconds, save_seconds=save_seconds)
+        eval_seconds=eval_seconds, save_seconds=save_seconds,
+        compile_seconds=sum(compile_seconds.values()))
     elapsed = earlier_seconds + time.perf_counter() - run_start
     planned = agreed(time_budget.plan_length(
         costs, budget_seconds=budget_minutes * 60, elapsed_seconds=elapsed, step=step,
@@ -231,7 +237,21 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         f'takes {costs.step_seconds:.3f} s, a validation {eval_seconds:.1f} s, a checkpoint '
         f'{save_seconds:.1f} s: the run ends at step {planned} of at most {max_steps}, after '
         f'~{ends / 60:.1f} min')
-    return planned
+    return planned, costs
+
+  def out_of_time() -> bool:
+    """Whether a budgeted run ends at this (log) step, behind its plan; if so it says so and records it."""
+    elapsed = earlier_seconds + time.perf_counter() - run_start
+    if not agreed(is_primary and time_budget.must_stop(
+        plan_costs, budget_seconds=budget_minutes * 60, elapsed_seconds=elapsed,
+        steps_to_next_check=config.train.log_every)):
+      return False
+    say(f'time budget {budget_minutes} min: behind the plan, so the run ends at step {step} '
+        f'instead of {total_steps}, its learning rate at {float(schedule(step - 1)):.3g}')
+    # The plan, cut short: a later invocation of the finished run resumes to this step, no further.
+    if is_primary:
+      writer.write(step, time_budget.plan_record(step, plan_costs, elapsed))
+    return True
 
   # From here on SIGTERM and SIGINT stop the run at the end of a step (before, they end it at once).
   signals = stop_signals.StopSignals(multiprocess=jax.process_count() > 1)
@@ -271,6 +291,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
       step += 1
       steps_this_run += 1
       at_end = step == total_steps
+      if planned and step % config.train.log_every == 0 and not at_end and out_of_time():
+        total_steps, at_end = step, True
       if step % config.train.log_every == 0 or at_end:
         sums = settle()
         elapsed = time.perf_counter() - window_start
@@ -314,7 +336,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         save_seconds = time.perf_counter() - save_start
         last_saved = step
       if step == plan_at:
-        total_steps = fit_to_budget(pause_start, eval_seconds, save_seconds)
+        total_steps, plan_costs = fit_to_budget(pause_start, eval_seconds, save_seconds)
+        planned = total_steps
         tx, schedule = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch,
                                       total_steps=total_steps)
         jit_train_step, compiled = compile_train_step(tx), set()
