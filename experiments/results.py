@@ -71,7 +71,7 @@ def read_metrics(run_dir: str) -> tuple[list[dict], list[dict]]:
       records = evals
     elif 'train_loss' in record:
       records = train
-    else:  # epoch timing records
+    else:  # epoch timing and time-budget plan records
       continue
     while records and records[-1]['step'] >= record['step']:
       records.pop()

@@ -74,7 +74,7 @@ def plan_length(costs: Costs, *, budget_seconds: float, elapsed_seconds: float, 
   """The most steps, at most `max_steps`, whose run ends within the budget less its reserve.
 
   At least step + 1: a schedule that decays to 0 needs a step after warmup, so a budget already
-  spent ends one step later than planned rather than not at all (the console says so).
+  spent still gets one (the console's plan line then shows an end past the budget).
   """
   if max_steps <= step:
     raise ValueError(f'max_steps={max_steps} leaves nothing to plan after step {step}')
