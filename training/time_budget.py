@@ -18,9 +18,10 @@ learning rate not yet at 0.
 import dataclasses
 import math
 
-# Kept back from the budget: process start-up before timing begins and exit after the last save,
-# batch shapes first met after the plan (compiled then), and drift in step time, which moved by
-# 2-4% between epochs on the 2-core VMs (docs/results.md, 7).
+# Kept back from the budget for what the plan does not time: process start-up and exit, batch shapes
+# first met after the plan (compiled then), small drift in step time. Larger drift (6% and 12% on
+# the Xeon VM, docs/results.md 7) is the early end's to catch; a reserve that large would cost every
+# steadier machine minutes of training.
 RESERVE_FRACTION = 0.03
 # What no clock of the loop sees, which the early end (`must_stop`) keeps back: the process's start-up
 # before train_and_evaluate (imports, devices) and its exit after the last save.
