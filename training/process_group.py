@@ -32,7 +32,8 @@ def load_run_tokenizer(workdir: str, data_config) -> tokenizer_lib.Tokenizer:
 
 
 def agreed(value: int) -> int:
-  """Process 0's `value` on every process: what it read from the records or planned from its clock."""
+  """Process 0's `value` (an int or bool) on every process: whether it locked the run folder, what it
+  read from the records, what it planned from its clock."""
   if jax.process_count() == 1:
     return value
   return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
@@ -48,12 +49,9 @@ def claim_run_folder(workdir: str):
       lock.acquire()
     except run_dir.RunFolderError as error:
       refusal = error
-  if jax.process_count() > 1:
-    if not multihost_utils.broadcast_one_to_all(np.int32(refusal is None)):
-      raise refusal or run_dir.RunFolderError(f'{workdir} is being trained by another run '
-                                              '(process 0 could not lock it)')
-  elif refusal is not None:
-    raise refusal
+  if not agreed(refusal is None):
+    raise refusal or run_dir.RunFolderError(f'{workdir} is being trained by another run '
+                                            '(process 0 could not lock it)')
   try:
     yield
   finally:

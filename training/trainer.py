@@ -208,12 +208,16 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
       writer.write(step, {'epoch_finished': epoch, 'epoch_seconds': seconds})
       logging.info('epoch %d finished at step %d in %.1f s', epoch, step, seconds)
 
+  def run_seconds() -> float:
+    """Wall time of the run so far: earlier invocations up to their last checkpoint, and this one."""
+    return earlier_seconds + time.perf_counter() - run_start
+
   def save(at_step, sums, window_seconds, metrics=None, force=False):
     """Saves with the steps not yet recorded: their metric sums (settle()'s) and training seconds."""
     extra = {'data_iterator': train_iter.get_state(), 'epoch': epoch,
              'metrics_window': {'sums': train_state.metrics_window_to_json(sums),
                                 'seconds': window_seconds},
-             'run_seconds': earlier_seconds + time.perf_counter() - run_start}
+             'run_seconds': run_seconds()}
     checkpointer.save(at_step, state, extra, metrics=metrics, force=force)
 
   def fit_to_budget(steps_end: float, eval_seconds: float,
@@ -224,7 +228,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         step_seconds=(steps_end - mark_time - (paused - mark_paused)) / (step - mark_step),
         eval_seconds=eval_seconds, save_seconds=save_seconds,
         compile_seconds=sum(compile_seconds.values()))
-    elapsed = earlier_seconds + time.perf_counter() - run_start
+    elapsed = run_seconds()
     planned = agreed(time_budget.plan_length(
         costs, budget_seconds=budget_minutes * 60, elapsed_seconds=elapsed, step=step,
         max_steps=max_steps, eval_every=config.train.eval_every,
@@ -241,7 +245,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
 
   def out_of_time() -> bool:
     """Whether a budgeted run ends at this (log) step, behind its plan; if so it says so and records it."""
-    elapsed = earlier_seconds + time.perf_counter() - run_start
+    elapsed = run_seconds()
     if not agreed(is_primary and time_budget.must_stop(
         plan_costs, budget_seconds=budget_minutes * 60, elapsed_seconds=elapsed,
         steps_to_next_check=config.train.log_every)):
