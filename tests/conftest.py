@@ -18,6 +18,9 @@ _COMPILATION_CACHE = Path(tempfile.gettempdir()) / f'seq2seq_lab_test_xla_cache_
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', str(_COMPILATION_CACHE))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
 
+# After the environment above: it imports the data library, hence jax.
+from tests.data_fixtures import shared_cache_dir  # pylint: disable=wrong-import-position
+
 if not (Path(os.environ['SEQ2SEQ_DATA_DIR']) / 'multi30k').is_dir():
   raise pytest.UsageError(f'SEQ2SEQ_DATA_DIR={os.environ["SEQ2SEQ_DATA_DIR"]} holds no multi30k/ folder; '
                           'point it at the local dataset copy (see README)')
@@ -27,6 +30,6 @@ if not (Path(os.environ['SEQ2SEQ_DATA_DIR']) / 'multi30k').is_dir():
 def data_cache(tmp_path_factory) -> Path:
   """Prepared TFDS data and tokenizers, built once and shared by every test that trains."""
   # The folder tests/data_fixtures.py uses too, so data and tokenizers are prepared once.
-  path = tmp_path_factory.getbasetemp() / 'seq2seq_cache'
+  path = shared_cache_dir(tmp_path_factory)
   path.mkdir(exist_ok=True)
   return path

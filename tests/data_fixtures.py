@@ -42,27 +42,39 @@ def data_config(**overrides):
   return config
 
 
-def _multi30k_config(session_temp: Path):
-  """Real Multi30k, cached in the session's temporary folder."""
-  return data_config(source_dir=str(data_root() / 'multi30k'),
-                     cache_dir=str(session_temp / 'seq2seq_cache'))
+def shared_cache_dir(tmp_path_factory) -> Path:
+  """The prepared-data cache of this test session, shared by its xdist workers.
+
+  Each worker has its own temporary folder under the session's; the cache sits beside them, so
+  Multi30k is prepared once, not once per worker. Concurrent preparation is safe: datasets are
+  built under a file lock, tokenizers and token ids renamed into place (data/datasets.py).
+  """
+  session_temp = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    session_temp = session_temp.parent
+  return session_temp / 'seq2seq_cache'
+
+
+def _multi30k_config(cache_dir: Path):
+  """Real Multi30k, cached in `cache_dir`."""
+  return data_config(source_dir=str(data_root() / 'multi30k'), cache_dir=str(cache_dir))
 
 
 @functools.cache
-def _tokenizer(session_temp: Path) -> tokenizer_lib.Tokenizer:
-  return tokenizer_lib.get_tokenizer(_multi30k_config(session_temp))
+def _tokenizer(cache_dir: Path) -> tokenizer_lib.Tokenizer:
+  return tokenizer_lib.get_tokenizer(_multi30k_config(cache_dir))
 
 
 @pytest.fixture
 def multi30k_config(tmp_path_factory):
   """`config.data` of the real Multi30k; prepared on first use in a session."""
-  return _multi30k_config(tmp_path_factory.getbasetemp())
+  return _multi30k_config(shared_cache_dir(tmp_path_factory))
 
 
 @pytest.fixture
 def multi30k_tokenizer(tmp_path_factory) -> tokenizer_lib.Tokenizer:
   """The test vocabulary trained on the real Multi30k, once per session."""
-  return _tokenizer(tmp_path_factory.getbasetemp())
+  return _tokenizer(shared_cache_dir(tmp_path_factory))
 
 
 def read_gzip_lines(path: Path) -> list[str]:

@@ -17,6 +17,23 @@ def simulated_seconds(costs, *, step, last_step, eval_every, checkpoint_every):
   return seconds
 
 
+def simulated_runs(costs, *, step, max_steps, eval_every, checkpoint_every):
+  """(last_step, seconds) of every run from the end of `step` that ends by `max_steps`: one pass of
+  the loop above, adding at each step the validation and save a run ending there would add."""
+  seconds = 0.0
+  for done in range(step + 1, max_steps + 1):
+    seconds += costs.step_seconds
+    eval_due, save_due = done % eval_every == 0, done % checkpoint_every == 0
+    seconds += (costs.eval_seconds if eval_due else 0.0) + (costs.save_seconds if save_due else 0.0)
+    yield done, seconds + (0.0 if eval_due else costs.eval_seconds) + (0.0 if save_due else costs.save_seconds)
+
+
+def test_the_one_pass_simulation_equals_the_simulated_loop_of_each_length():
+  kwargs = dict(step=20, eval_every=7, checkpoint_every=10)
+  for last_step, seconds in simulated_runs(COSTS, max_steps=90, **kwargs):
+    assert seconds == pytest.approx(simulated_seconds(COSTS, last_step=last_step, **kwargs))
+
+
 @pytest.mark.parametrize('step,last_step,eval_every,checkpoint_every', [
     (400, 9600, 2400, 400), (400, 9599, 2400, 400), (400, 401, 2400, 400), (20, 77, 7, 10),
     (2400, 4800, 2400, 2400), (399, 800, 400, 400)])
@@ -35,10 +52,10 @@ def test_the_plan_is_the_last_length_that_fits_the_budget_less_the_reserve(
                                     checkpoint_every=checkpoint_every)
   # The step is compiled again, once, for the planned schedule.
   available = budget_seconds * (1 - time_budget.RESERVE_FRACTION) - elapsed_seconds - COSTS.compile_seconds
-  fitting = [last for last in range(step + 1, max_steps + 1)
-             if simulated_seconds(COSTS, step=step, last_step=last, eval_every=eval_every,
-                                  checkpoint_every=checkpoint_every) <= available]
-  assert planned == max(fitting)
+  assert planned == max(last for last, seconds in simulated_runs(COSTS, step=step, max_steps=max_steps,
+                                                                 eval_every=eval_every,
+                                                                 checkpoint_every=checkpoint_every)
+                        if seconds <= available)
 
 
 def test_a_spent_budget_plans_one_step_past_warmup_and_a_cap_at_warmup_is_refused():
