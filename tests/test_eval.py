@@ -185,12 +185,23 @@ def moses_lowercase(lines):
   return [tokenizer.tokenize(normaliser.normalize(line), return_str=True).lower() for line in lines]
 
 
-def test_eval_report_equals_sacrebleu_on_the_written_hypotheses(smoke_run):
-  workdir, config = smoke_run
-  # Short limits keep the untrained model's hypotheses, hence the test, short.
-  result = run_eval(f'--workdir={workdir}', f'--split={SPLIT}', '--checkpoint=avg:2', '--batch_size=512',
-                    '--max_length_a=2', '--max_length_b=0.5')
+# Short limits keep the untrained model's hypotheses, hence the eval.py runs, short.
+DECODING_FLAGS = ('--checkpoint=avg:2', '--batch_size=64', '--max_length_a=2', '--max_length_b=0.5')
+
+
+@pytest.fixture(scope='module')
+def one_device_eval(smoke_run):
+  """eval.py on one device with one loop per batch (--smallest_batch=64), the plainest search;
+  its report and hypotheses go to the default WORKDIR/eval."""
+  workdir, _ = smoke_run
+  result = run_eval(f'--workdir={workdir}', f'--split={SPLIT}', *DECODING_FLAGS, '--cpu_devices=1',
+                    '--smallest_batch=64')
   assert result.returncode == 0, result.stderr[-2000:]
+  return result
+
+
+def test_eval_report_equals_sacrebleu_on_the_written_hypotheses(smoke_run, one_device_eval):
+  workdir, config = smoke_run
   report = json.load(open(workdir / 'eval' / f'{SPLIT}.json'))
   hypotheses = (workdir / 'eval' / f'{SPLIT}.hyp.txt').read_text().split('\n')
   assert hypotheses.pop() == ''  # the file ends with a newline
@@ -198,8 +209,8 @@ def test_eval_report_equals_sacrebleu_on_the_written_hypotheses(smoke_run):
   assert len(hypotheses) == len(text.source) == report['sentences'] == 461
   assert report['checkpoint_steps'] == [4, 6]
   assert report['decoding'] == {'beam_size': 2, 'length_penalty': 1.0, 'length_penalty_form': 'fairseq',
-                                'early_stopping': False, 'smallest_batch': 8,
-                                'max_length_a': 2, 'max_length_b': 0.5, 'batch_size': 512}
+                                'early_stopping': False, 'smallest_batch': 64,
+                                'max_length_a': 2, 'max_length_b': 0.5, 'batch_size': 64}
   bleu = sacrebleu.metrics.BLEU()
   assert report['bleu'] == bleu.corpus_score(hypotheses, [text.reference]).score
   assert report['bleu_signature'] == str(bleu.get_signature())
@@ -213,25 +224,22 @@ def test_eval_report_equals_sacrebleu_on_the_written_hypotheses(smoke_run):
       for lo, hi in [(1, 10), (11, 20), (21, 30), (31, 40), (41, 10**9)]]
   assert report['decode_s'] > 0 and report['wall_s'] > report['decode_s'] + report['compile_s']
   assert report['sentences_per_sec'] == pytest.approx(461 / report['decode_s'])
-  assert 'tokenized BLEU' in result.stdout
+  assert 'tokenized BLEU' in one_device_eval.stdout
 
 
-def test_hypotheses_do_not_depend_on_how_the_cpu_is_split(smoke_run, tmp_path):
+def test_hypotheses_do_not_depend_on_how_the_cpu_is_split(smoke_run, one_device_eval, tmp_path):
   """Each device searches its own rows (partitioning.per_device_rows): the split changes nothing.
 
-  The reference is the plainest search, one device with one loop per batch (--smallest_batch=64);
-  the four devices each drop finished sentences from their 16 rows as they go (16, then 8)."""
+  The reference is the one-device search of `one_device_eval`; here four devices each drop
+  finished sentences from their 16 rows as they go (16, then 8)."""
   workdir, _ = smoke_run
-  hypotheses = {}
-  for devices, smallest_batch in ((1, 64), (4, 8)):
-    out_dir = tmp_path / str(devices)
-    result = run_eval(f'--workdir={workdir}', f'--split={SPLIT}', '--batch_size=64', f'--cpu_devices={devices}',
-                      f'--smallest_batch={smallest_batch}', '--max_length_a=2', '--max_length_b=0.5',
-                      f'--out_dir={out_dir}')
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert json.load(open(out_dir / f'{SPLIT}.json'))['devices'] == f'{devices} x cpu'
-    hypotheses[devices] = (out_dir / f'{SPLIT}.hyp.txt').read_text()
-  assert hypotheses[1] == hypotheses[4] and len(hypotheses[1].splitlines()) == 461
+  result = run_eval(f'--workdir={workdir}', f'--split={SPLIT}', *DECODING_FLAGS, '--cpu_devices=4',
+                    '--smallest_batch=8', f'--out_dir={tmp_path}')
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert json.load(open(workdir / 'eval' / f'{SPLIT}.json'))['devices'] == '1 x cpu'
+  assert json.load(open(tmp_path / f'{SPLIT}.json'))['devices'] == '4 x cpu'
+  reference = (workdir / 'eval' / f'{SPLIT}.hyp.txt').read_text()
+  assert (tmp_path / f'{SPLIT}.hyp.txt').read_text() == reference and len(reference.splitlines()) == 461
 
 
 def test_scores_of_imperfect_hypotheses_equal_sacrebleu(smoke_run):

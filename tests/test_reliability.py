@@ -237,6 +237,7 @@ def test_loss_watch_by_ceiling_and_by_growth_over_the_lowest():
     ('data.source_lang=fr', "source_lang/target_lang ('fr', 'en') must be the two languages"),
     ('data.eval_split=tst', "Unknown multi30k split 'tst'; valid: train, validation"),
     ('train.divergence_growth=0.5', 'config.train.divergence_growth=0.5 must be above 1'),
+    ('train.log_every=0', 'config.train.log_every=0 must be'),
     ('train.save_on_stop_after=-1', 'config.train.save_on_stop_after=-1 must be'),
     ('data.dataset_config=tokenised', "Unknown multi30k dataset_config 'tokenised'; valid: original, tokenized"),
     ('data.vocab_type=wordpiece', "config.data.vocab_type='wordpiece' is not one of: unigram, bpe"),

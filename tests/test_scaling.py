@@ -41,8 +41,7 @@ def test_hosts_split_runs_so_that_each_run_belongs_to_exactly_one_host():
 
 
 def test_two_hosts_split_a_sweep_and_a_killed_host_resumes_its_own_run_once(tmp_path, data_cache):
-  spec = write_sweep(tmp_path, data_cache, seeds=(0, 1, 2), num_steps=24,
-                     checkpoint_every=4)
+  spec = write_sweep(tmp_path, data_cache, seeds=(0, 1), num_steps=24, checkpoint_every=4)
   workdir = tmp_path / 'sweep'
   hosts = [subprocess.Popen(sweep_command(spec, workdir, '--num_hosts=2', f'--host_index={i}'),
                             cwd=REPO, env=env_with_devices(1), stdout=subprocess.PIPE,
@@ -62,12 +61,11 @@ def test_two_hosts_split_a_sweep_and_a_killed_host_resumes_its_own_run_once(tmp_
                              env=env_with_devices(1), capture_output=True, text=True, timeout=400)
   host0 = hosts[0].communicate(timeout=400)[0]
   assert hosts[0].returncode == 0 and restarted.returncode == 0, host0 + restarted.stdout + restarted.stderr
-  assert '[1/2] seed=0: start' in host0 and '[2/2] seed=2: start' in host0
-  assert 'seed=1' not in host0
+  assert '[1/1] seed=0: start' in host0 and 'seed=1' not in host0
   assert '[1/1] seed=1: resume' in restarted.stdout
   assert restarted.stdout.strip().splitlines()[-1] == (
       f'sweep {workdir} (host 1 of 2): 1 runs: 1 finished, 0 diverged, 0 failed')
-  for seed, invocations in ((0, 1), (1, 2), (2, 1)):
+  for seed, invocations in ((0, 1), (1, 2)):
     run_dir = workdir / f'seed={seed}'
     assert status(run_dir) == {**status(run_dir), 'state': 'finished', 'step': 24}
     assert (run_dir / 'train.log').read_text().count('# scripts/sweep.py') == invocations

@@ -178,7 +178,6 @@ def run_train_cli(*args, env=None):
     (['--config=configs/smoke.py', '--config.model.nrom=rms'], 'nrom'),
     (['--config=configs/smoke.py', '--config.model.norm=group'],
      "config.model.norm='group' is not one of: batch, layer, rms, scale"),
-    (['--config=configs/smoke.py', '--config.train.log_every=0'], 'config.train.log_every=0 must be'),
 ])
 def test_bad_command_lines_fail_with_one_clear_line(tmp_path, args, expected):
   result = run_train_cli(f'--workdir={tmp_path}/run', *args)
