@@ -46,14 +46,18 @@ def _reference(name, steps, *, warmup, total, steps_per_epoch=10, decay_epochs=(
   return np.where(t < warmup, warming, decayed)
 
 
+@pytest.mark.parametrize('length_traced', [False, True])
 @pytest.mark.parametrize('warmup', [0, 10])
 @pytest.mark.parametrize('name', ['inverse_sqrt', 'cosine', 'linear', 'constant', 'step'])
-def test_schedule_matches_closed_form(name, warmup):
+def test_schedule_matches_closed_form(name, warmup, length_traced):
   optim = _optim(schedule=name, warmup_steps=warmup, decay_epochs=(2, 5), decay_factor=0.5)
-  schedule = optimizer.make_schedule(optim, steps_per_epoch=10, total_steps=110)
-  np.testing.assert_allclose(
-      _evaluate(schedule, STEPS), _reference(name, STEPS, warmup=warmup, total=110),
-      rtol=1e-5, atol=1e-9)
+  if length_traced:  # as in the trainer's compiled step, which takes the run's length as an argument
+    values = jax.jit(lambda length: jax.vmap(optimizer.make_schedule(
+        optim, steps_per_epoch=10, total_steps=length))(jnp.asarray(STEPS, jnp.int32)))(110)
+  else:
+    values = _evaluate(optimizer.make_schedule(optim, steps_per_epoch=10, total_steps=110), STEPS)
+  np.testing.assert_allclose(np.asarray(values), _reference(name, STEPS, warmup=warmup, total=110),
+                             rtol=1e-5, atol=1e-9)
 
 
 def test_inverse_sqrt_is_fairseq_after_warmup():

@@ -4,7 +4,7 @@ import pytest
 
 from training import time_budget
 
-COSTS = time_budget.Costs(step_seconds=0.5, eval_seconds=20.0, save_seconds=2.0, compile_seconds=30.0)
+COSTS = time_budget.Costs(step_seconds=0.5, eval_seconds=20.0, save_seconds=2.0)
 
 
 def simulated_seconds(costs, *, step, last_step, eval_every, checkpoint_every):
@@ -50,8 +50,7 @@ def test_the_plan_is_the_last_length_that_fits_the_budget_less_the_reserve(
   planned = time_budget.plan_length(COSTS, budget_seconds=budget_seconds, elapsed_seconds=elapsed_seconds,
                                     step=step, max_steps=max_steps, eval_every=eval_every,
                                     checkpoint_every=checkpoint_every)
-  # The step is compiled again, once, for the planned schedule.
-  available = budget_seconds * (1 - time_budget.RESERVE_FRACTION) - elapsed_seconds - COSTS.compile_seconds
+  available = budget_seconds * (1 - time_budget.RESERVE_FRACTION) - elapsed_seconds
   assert planned == max(last for last, seconds in simulated_runs(COSTS, step=step, max_steps=max_steps,
                                                                  eval_every=eval_every,
                                                                  checkpoint_every=checkpoint_every)
@@ -98,3 +97,6 @@ def test_the_last_recorded_plan_and_its_costs_are_read_back_from_the_records():
   cut = records + [{'step': 40, **time_budget.plan_record(40, COSTS, 3590.0)}]
   assert time_budget.recorded_plan(cut) == (40, COSTS)
   assert time_budget.recorded_plan(records[:1] + records[2:]) == (0, None)
+  # Written before 2026-11-27, with the seconds of a recompilation that plans no longer count.
+  older = {'step': 20, **time_budget.plan_record(77, COSTS, 12.5), 'planned_from_compile_seconds': 30.0}
+  assert time_budget.recorded_plan([older]) == (77, COSTS)

@@ -120,11 +120,26 @@ def test_a_budgeted_run_trains_the_length_it_planned_at_warmup_end_and_keeps_it_
   workdir = str(tmp_path / 'budgeted')
   # Stopped 3 steps after the plan and its checkpoint (step 20): resumed, it trains to 26, not 40,
   # without planning again.
-  trainer.train_and_evaluate(budgeted, workdir, stop_after_steps=23)
+  step_traces = []
+
+  def count_step_traces(event, seconds, **fields):
+    # jax's event for each tracing of a jitted function (jax._src.dispatch.JAXPR_TRACE_EVENT).
+    if event == '/jax/core/compile/jaxpr_trace_duration' and fields.get('fun_name') == 'step_and_accumulate':
+      step_traces.append(seconds)
+
+  jax.monitoring.register_event_duration_secs_listener(count_step_traces)
+  try:
+    trainer.train_and_evaluate(budgeted, workdir, stop_after_steps=23)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(count_step_traces)
+  # The planned length is an argument of the compiled step: once per batch shape, none for the plan.
+  shapes = [r['compiled_shapes'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+            if 'compiled_shapes' in r]
+  assert len(step_traces) == shapes[-1] >= 1
   resumed = trainer.train_and_evaluate(budgeted, workdir)
   (costs, inputs), = plans
   assert inputs['step'] == 20 and inputs['max_steps'] == 40 and inputs['budget_seconds'] == 3600
-  assert costs.step_seconds > 0 and costs.eval_seconds > 0 and costs.compile_seconds > 0
+  assert costs.step_seconds > 0 and costs.eval_seconds > 0 and costs.save_seconds > 0
   assert inputs['elapsed_seconds'] > 0
   assert int(resumed.step) == 26
   assert params_equal_bitwise(resumed.params, fixed.params)

@@ -16,11 +16,16 @@ P the peak:
                 an epoch that ends inside the warmup takes effect when it ends.
 
 W = 0 skips the warmup, so every schedule starts at P.
+
+T may be a traced scalar: the trainer's compiled step takes the run's length
+as an argument, so a length planned mid-run (training/time_budget.py), or runs
+that differ only in length, reuse one compiled program.
 """
 
 import collections
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
@@ -28,7 +33,7 @@ import optax
 from model.choices import lookup
 
 # Builds the part of a schedule after warmup; it counts steps from the end of warmup.
-_DecayBuilder = Callable[[ml_collections.ConfigDict, int, int | None], optax.Schedule]
+_DecayBuilder = Callable[[ml_collections.ConfigDict, int | jax.Array, int | None], optax.Schedule]
 
 
 def _inverse_sqrt(optim, decay_steps, steps_per_epoch):
@@ -40,24 +45,28 @@ def _inverse_sqrt(optim, decay_steps, steps_per_epoch):
   return lambda count: peak * jnp.sqrt(scale / (count + scale))
 
 
-def _require_decay_steps(optim, decay_steps):
-  if decay_steps <= 0:
-    raise ValueError(
-        f'config.optim.schedule={optim.schedule!r} decays to 0 at the last step, so it'
-        f' needs more total steps than config.optim.warmup_steps={optim.warmup_steps}'
-        f' (total steps: {decay_steps + optim.warmup_steps}).')
-
-
 def _cosine(optim, decay_steps, steps_per_epoch):
   del steps_per_epoch
-  _require_decay_steps(optim, decay_steps)
-  return optax.cosine_decay_schedule(optim.learning_rate, decay_steps)
+  peak, decay_steps = optim.learning_rate, jnp.asarray(decay_steps, jnp.float32)
+
+  # optax.cosine_decay_schedule's expression (alpha 0, exponent 1): optax checks decay_steps > 0
+  # when the schedule is made, which a traced length cannot answer (make_schedule checks it).
+  def schedule(count):
+    count = jnp.minimum(count, decay_steps)
+    return peak * (0.5 * (1 + jnp.cos(jnp.pi * count / decay_steps)))
+
+  return schedule
 
 
 def _linear(optim, decay_steps, steps_per_epoch):
   del steps_per_epoch
-  _require_decay_steps(optim, decay_steps)
-  return optax.linear_schedule(optim.learning_rate, 0.0, decay_steps)
+  peak, decay_steps = optim.learning_rate, jnp.asarray(decay_steps, jnp.float32)
+
+  # optax.linear_schedule(peak, 0, decay_steps)'s expression, for the same reason as _cosine.
+  def schedule(count):
+    return peak * (1 - jnp.clip(count, 0, decay_steps) / decay_steps)
+
+  return schedule
 
 
 def _constant(optim, decay_steps, steps_per_epoch):
@@ -104,6 +113,9 @@ def _sgd(optim, learning_rate):
   return optax.sgd(learning_rate, momentum=optim.b1, nesterov=False)
 
 
+# The schedules that reach 0 on the last step, so need one after warmup.
+_DECAYS_TO_ZERO = ('cosine', 'linear')
+
 _OPTIMIZERS = {
     'adam': _adam,
     'adamw': _adamw,
@@ -115,7 +127,7 @@ def make_schedule(
     optim_config: ml_collections.ConfigDict,
     *,
     steps_per_epoch: int | None,
-    total_steps: int,
+    total_steps: int | jax.Array,
 ) -> optax.Schedule:
   """Returns the learning rate as a function of the optimizer step.
 
@@ -124,7 +136,9 @@ def make_schedule(
     steps_per_epoch: Optimizer steps in one pass over the training split; only
       the 'step' schedule with `decay_epochs` needs it, so None is fine otherwise.
     total_steps: Optimizer steps of the whole run; 'cosine' and 'linear' reach 0
-      there.
+      there. A Python int, or a traced integer scalar inside a compiled step; the
+      checks on it run only for an int, so build the optimizer once with the int
+      before tracing it with the scalar.
 
   Returns:
     An optax schedule, jit-compatible.
@@ -137,7 +151,13 @@ def make_schedule(
   warmup_steps = optim_config.warmup_steps
   if warmup_steps < 0:
     raise ValueError(f'config.optim.warmup_steps={warmup_steps} must be >= 0.')
-  decay = build_decay(optim_config, total_steps - warmup_steps, steps_per_epoch)
+  decay_steps = total_steps - warmup_steps
+  if isinstance(decay_steps, int) and optim_config.schedule in _DECAYS_TO_ZERO and decay_steps <= 0:
+    raise ValueError(
+        f'config.optim.schedule={optim_config.schedule!r} decays to 0 at the last step, so it'
+        f' needs more total steps than config.optim.warmup_steps={warmup_steps}'
+        f' (total steps: {total_steps}).')
+  decay = build_decay(optim_config, decay_steps, steps_per_epoch)
   if warmup_steps == 0:
     return decay
   warmup = optax.linear_schedule(0.0, optim_config.learning_rate, warmup_steps)
@@ -148,7 +168,7 @@ def make_optimizer(
     optim_config: ml_collections.ConfigDict,
     *,
     steps_per_epoch: int | None,
-    total_steps: int,
+    total_steps: int | jax.Array,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Returns the optimizer of `config.optim` and the schedule driving it.
 

@@ -4,10 +4,11 @@ How many steps fit an hour depends on the machine (the Multi30k presets' 9600 st
 one 2-core VM and ~1 h 45 min on another), and a schedule that decays to 0 on the last step
 ('cosine', 'linear') must know that step before it starts decaying. Warmup does not depend on the
 run's length, so a budgeted run measures itself while it warms up and fixes its length when warmup
-ends: it times the steps of the second half of warmup, then one validation and one
-checkpoint, and plans the most steps whose training, validations and checkpoints (and the step's
-compilation for the new schedule) end within the budget, less a reserve. num_steps / num_epochs
-stay the upper bound. The plan is a metrics record, so a resumed run keeps the length it planned.
+ends: it times the steps of the second half of warmup, then one validation and one checkpoint,
+and plans the most steps whose training, validations and checkpoints end within the budget, less
+a reserve. The length is an argument of the compiled step (training/trainer.py), so the planned
+schedule needs no new compilation. num_steps / num_epochs stay the upper bound. The plan is a
+metrics record, so a resumed run keeps the length it planned.
 
 Step time drifts on a shared machine (epochs of one Xeon VM run took 91-141 s), so after the plan
 the run checks the clock at every log step and ends early, with its validation and checkpoint,
@@ -36,7 +37,6 @@ class Costs:
   step_seconds: float  # one training step, data included, compilation excluded
   eval_seconds: float  # one validation (loss and greedy BLEU)
   save_seconds: float  # one checkpoint, the part the loop waits for
-  compile_seconds: float  # compiling the training step again, once, for the planned schedule
 
 
 def check(budget_minutes, warmup_steps: int) -> None:
@@ -79,7 +79,7 @@ def plan_length(costs: Costs, *, budget_seconds: float, elapsed_seconds: float, 
   """
   if max_steps <= step:
     raise ValueError(f'max_steps={max_steps} leaves nothing to plan after step {step}')
-  available = budget_seconds * (1 - RESERVE_FRACTION) - elapsed_seconds - costs.compile_seconds
+  available = budget_seconds * (1 - RESERVE_FRACTION) - elapsed_seconds
   fits = lambda last_step: seconds_left(costs, step=step, last_step=last_step, eval_every=eval_every,
                                         checkpoint_every=checkpoint_every) <= available
   low, high = step + 1, max_steps  # seconds_left grows with last_step: bisect for the last fit
@@ -111,7 +111,8 @@ def plan_record(planned_steps: int, costs: Costs, elapsed_seconds: float) -> dic
 
 def recorded_plan(records: list[dict]) -> tuple[int, Costs | None]:
   """The length last planned in a run's earlier records (metrics.jsonl), cut short where the run
-  ended early, and its costs; (0, None) if none."""
+  ended early, and its costs; (0, None) if none. Older records also hold the seconds of the
+  recompilation that plans used to count (`planned_from_compile_seconds`), read past here."""
   for record in reversed(records):
     if 'planned_steps' in record:
       return record['planned_steps'], Costs(**{field.name: record[_RECORD_PREFIX + field.name]

@@ -12,7 +12,9 @@ import time
 from absl import logging
 from etils import epath
 import jax
+import jax.numpy as jnp
 import ml_collections
+import optax
 from jax.experimental import multihost_utils
 
 from data import datasets, pipeline
@@ -83,8 +85,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
   steps_per_epoch = train_iter.batches_per_epoch
   max_steps = validation.total_steps(config.train, steps_per_epoch)
   total_steps = max_steps  # less when a time budget plans fewer (training/time_budget.py)
-  tx, schedule = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
-
+  # The optimizer state's structure does not depend on the run's length (the step's argument, below).
+  tx, _ = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
   state = train_state.create_train_state(model, tx, config.train.seed, mesh)
   checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
                               save_every=config.train.checkpoint_every)
@@ -105,11 +107,17 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
       say(f'moved the damaged checkpoint of step {damaged} to {aside}')
     multihost_utils.sync_global_devices('damaged checkpoints set aside')
 
+  replicated = partitioning.replicated(mesh)
   # An argument of the compiled step, not a constant inside it: runs that differ only in seed
   # then share one compiled program (and the persistent compilation cache).
   # Made by a jitted call, so that every process holds its replica (as with the state).
-  dropout_key = jax.jit(lambda: jax.random.PRNGKey(config.train.seed + 1),
-                        out_shardings=partitioning.replicated(mesh))()
+  dropout_key = jax.jit(lambda: jax.random.PRNGKey(config.train.seed + 1), out_shardings=replicated)()
+
+  def set_length(length: int) -> tuple[optax.Schedule, jax.Array]:
+    """The schedule of a run of `length` steps (checked; for the records), and `length` as the
+    compiled step's argument, made as dropout_key is and for the same reasons."""
+    _, schedule = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch, total_steps=length)
+    return schedule, jax.jit(lambda: jnp.int32(length), out_shardings=replicated)()
 
   microbatch_tokens = train_state.microbatch_tokens(config)
   step = int(state.step)
@@ -123,32 +131,29 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
   planned = agreed(planned)
   if planned:
     total_steps = min(max_steps, planned)
-    tx, schedule = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch,
-                                  total_steps=total_steps)
+  schedule, schedule_length = set_length(total_steps)
   # The step whose end fixes a budgeted run's length: the end of warmup, timed from its middle.
   plan_at = warmup_steps if budget_minutes and not planned and step < warmup_steps < max_steps else None
   if budget_minutes and not planned and step >= warmup_steps and max_steps > warmup_steps:
     say(f'train.time_budget_minutes={budget_minutes}: no length was planned before step {step} '
         f'(the end of warmup, {warmup_steps}), so the run goes on to step {max_steps}')
 
-  replicated = partitioning.replicated(mesh)
+  def step_and_accumulate(state, window, batch, dropout_key, length):
+    # The run's length is an argument, as the seed's key is: a budgeted run's plan, and runs that
+    # differ only in length, reuse one compiled step (and the persistent compilation cache).
+    tx_of_length, _ = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch, total_steps=length)
+    state, metrics = train_state.train_step(state, batch, model=model, tx=tx_of_length,
+                                            label_smoothing=config.train.label_smoothing,
+                                            dropout_key=dropout_key,
+                                            microbatch_tokens=microbatch_tokens)
+    # The step number again, as an output of its own that is not donated to the next step: the
+    # loop waits on it to stay at most one step ahead of the device.
+    return state, train_state.accumulate_metrics(window, metrics, state.step), state.step + 0
 
-  def compile_train_step(tx):
-    """The jitted step of optimizer `tx`; a new plan's schedule needs a new one."""
-    def step_and_accumulate(state, window, batch, dropout_key):
-      state, metrics = train_state.train_step(state, batch, model=model, tx=tx,
-                                              label_smoothing=config.train.label_smoothing,
-                                              dropout_key=dropout_key,
-                                              microbatch_tokens=microbatch_tokens)
-      # The step number again, as an output of its own that is not donated to the next step: the
-      # loop waits on it to stay at most one step ahead of the device.
-      return state, train_state.accumulate_metrics(window, metrics, state.step), state.step + 0
-
-    return jax.jit(step_and_accumulate,
-                   in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh), replicated),
-                   out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
-
-  jit_train_step = compile_train_step(tx)
+  jit_train_step = jax.jit(
+      step_and_accumulate,
+      in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh), replicated, replicated),
+      out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
   # Jitted, so every sum is its own buffer (the step donates them).
   new_window = jax.jit(train_state.empty_metrics_window, out_shardings=replicated)
   evaluator = Evaluator(config, tokenizer, model, mesh,
@@ -226,8 +231,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
     mark_step, mark_time, mark_paused = timing_mark
     costs = time_budget.Costs(
         step_seconds=(steps_end - mark_time - (paused - mark_paused)) / (step - mark_step),
-        eval_seconds=eval_seconds, save_seconds=save_seconds,
-        compile_seconds=sum(compile_seconds.values()))
+        eval_seconds=eval_seconds, save_seconds=save_seconds)
     elapsed = run_seconds()
     planned = agreed(time_budget.plan_length(
         costs, budget_seconds=budget_minutes * 60, elapsed_seconds=elapsed, step=step,
@@ -276,8 +280,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         # compilation and be counted out of the throughput with it: let them finish first.
         jax.block_until_ready(window)
       dispatch_start = time.perf_counter()
-      state, window, step_done = jit_train_step(state, window,
-                                                partitioning.global_batch(local_batch, mesh), dropout_key)
+      state, window, step_done = jit_train_step(state, window, partitioning.global_batch(local_batch, mesh),
+                                                dropout_key, schedule_length)
       if new_shape:
         seconds = time.perf_counter() - dispatch_start
         compiled.add(shape)
@@ -342,9 +346,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
       if step == plan_at:
         total_steps, plan_costs = fit_to_budget(pause_start, eval_seconds, save_seconds)
         planned = total_steps
-        tx, schedule = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch,
-                                      total_steps=total_steps)
-        jit_train_step, compiled = compile_train_step(tx), set()
+        schedule, schedule_length = set_length(total_steps)
         if console:
           console.set_total(total_steps)
       # Evaluation and saving are not training: keep them out of tokens_per_sec.
