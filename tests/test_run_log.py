@@ -125,3 +125,17 @@ def test_console_prints_plain_lines_under_ci_and_off_a_terminal(monkeypatch, str
   assert [line.split(':')[0] for line in lines[1:]] == ['step 2/4', 'step 4/4']
   assert lines[1].startswith('step 2/4: loss=2.35, lr=0.001, tok_s=12345.0, ETA ')
   assert lines[2].endswith('ETA 00:00')
+
+
+def test_a_length_not_yet_planned_has_no_eta_until_it_is_set(monkeypatch):
+  monkeypatch.setenv('CI', 'true')
+  stream = io.StringIO()
+  console = run_log.Console(file=stream)
+  console.start(total_steps=None)  # a time budget plans the length at the end of warmup
+  console.update(2, loss=2.5)
+  console.set_total(6)
+  console.update(4, loss=2.0)
+  console.close()
+  lines = stream.getvalue().splitlines()
+  assert lines[0] == 'step 2: loss=2.5'
+  assert lines[1].startswith('step 4/6: loss=2, ETA ')

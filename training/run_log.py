@@ -203,11 +203,12 @@ class Console:
     self._interactive = not os.environ.get('CI') and self._file.isatty()
     self._bar = None
 
-  def start(self, total_steps: int, initial_step: int = 0) -> None:
-    """Starts the bar (and its clock) once the run's length is known.
+  def start(self, total_steps: int | None, initial_step: int = 0) -> None:
+    """Starts the bar (and its clock).
 
     Args:
-      total_steps: Steps of the whole run.
+      total_steps: Steps of the whole run; None while a time budget has not planned them yet
+        (no ETA until `set_total`: one counted to the upper bound would be hours off).
       initial_step: Step resumed from, so the ETA counts only what remains.
     """
     self._total, self._initial = total_steps, initial_step
@@ -248,9 +249,12 @@ class Console:
       self._bar.set_postfix(values, refresh=False)
       self.step(step)
       return
+    shown = ', '.join(f'{name}={tqdm.tqdm.format_num(value)}' for name, value in values.items())
+    if self._total is None:
+      self.line(f'step {step}: {shown}')
+      return
     done = step - self._initial
     remaining = (time.perf_counter() - self._start) / done * (self._total - step) if done else 0.0
-    shown = ', '.join(f'{name}={tqdm.tqdm.format_num(value)}' for name, value in values.items())
     self.line(f'step {step}/{self._total}: {shown}, ETA {tqdm.tqdm.format_interval(remaining)}')
 
   def close(self) -> None:

@@ -173,7 +173,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
           'bleu': max((record['bleu'] for record in earlier_evals), default=-math.inf)}
   if is_primary:
     run_log.write_status(workdir, 'running', step=step)
-    console.start(total_steps, initial_step=step)
+    console.start(None if plan_at else total_steps, initial_step=step)
   window = new_window()
   window_start = time.perf_counter()
   if saved_window:
