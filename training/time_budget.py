@@ -79,7 +79,9 @@ def plan_length(costs: Costs, *, budget_seconds: float, elapsed_seconds: float, 
   """
   if max_steps <= step:
     raise ValueError(f'max_steps={max_steps} leaves nothing to plan after step {step}')
-  available = budget_seconds * (1 - RESERVE_FRACTION) - elapsed_seconds
+  # Never less than the early end keeps back, or a short budget's plan would always be cut short.
+  reserve = max(budget_seconds * RESERVE_FRACTION, UNTIMED_SECONDS)
+  available = budget_seconds - reserve - elapsed_seconds
   fits = lambda last_step: seconds_left(costs, step=step, last_step=last_step, eval_every=eval_every,
                                         checkpoint_every=checkpoint_every) <= available
   low, high = step + 1, max_steps  # seconds_left grows with last_step: bisect for the last fit
@@ -93,8 +95,8 @@ def plan_length(costs: Costs, *, budget_seconds: float, elapsed_seconds: float, 
 
 def must_stop(costs: Costs, *, budget_seconds: float, elapsed_seconds: float,
               steps_to_next_check: int) -> bool:
-  """Whether a run behind its plan ends now: the next check, then a validation and a checkpoint,
-  would end past the budget (less what the loop's clock does not see)."""
+  """Whether a run behind its plan ends now: the next check (or the planned end, if nearer), then a
+  validation and a checkpoint, would end past the budget (less what the loop's clock does not see)."""
   return (elapsed_seconds + steps_to_next_check * costs.step_seconds + costs.eval_seconds
           + costs.save_seconds) > budget_seconds - UNTIMED_SECONDS
 

@@ -252,7 +252,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
     elapsed = run_seconds()
     if not agreed(is_primary and time_budget.must_stop(
         plan_costs, budget_seconds=budget_minutes * 60, elapsed_seconds=elapsed,
-        steps_to_next_check=config.train.log_every)):
+        steps_to_next_check=min(config.train.log_every, total_steps - step))):
       return False
     say(f'time budget {budget_minutes} min: behind the plan, so the run ends at step {step} '
         f'instead of {total_steps}, its learning rate at {float(schedule(step - 1)):.3g}')
