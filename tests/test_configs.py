@@ -1,6 +1,9 @@
 """Every shipped config validates and its model builds (shapes only), and presets are checked."""
 
 import functools
+from pathlib import Path
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +14,8 @@ from configs import base, iwslt14, multi30k, smoke
 from configs.sweeps import packing, xiong2020
 from training import validation
 from training.optimizer import make_optimizer
+
+REPO = Path(__file__).resolve().parents[1]
 
 CONFIGS = {
     'base': base.get_config,
@@ -35,6 +40,25 @@ def test_config_validates_and_builds(name):
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, tokens))
   logits = jax.eval_shape(lambda v: model.apply(v, tokens, tokens), shapes)
   assert logits.shape == (2, 8, config.data.vocab_size) and logits.dtype == jnp.float32
+
+
+def test_checking_a_config_starts_no_jax_backend():
+  # eval.py checks the run's config and then chooses its CPU devices, which JAX allows only before
+  # a backend starts; so checks, optimizers and schedules must not make arrays. Run in a fresh
+  # process: this one's backend is long started.
+  script = ('import jax._src.xla_bridge as xla_bridge\n'
+            'from configs import multi30k\n'
+            'from training import validation\n'
+            'from training.optimizer import make_optimizer\n'
+            'for preset in ("de_en", "en_de"):\n'
+            '  config = multi30k.get_config(preset)\n'
+            '  validation.check_config(config)\n'
+            '  make_optimizer(config.optim, steps_per_epoch=100, total_steps=config.train.num_steps)\n'
+            'print(xla_bridge.backends_are_initialized())\n')
+  result = subprocess.run([sys.executable, '-c', script], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.strip() == 'False'
 
 
 def test_direction_presets():

@@ -47,24 +47,28 @@ def _inverse_sqrt(optim, decay_steps, steps_per_epoch):
 
 def _cosine(optim, decay_steps, steps_per_epoch):
   del steps_per_epoch
-  peak, decay_steps = optim.learning_rate, jnp.asarray(decay_steps, jnp.float32)
+  peak = optim.learning_rate
 
   # optax.cosine_decay_schedule's expression (alpha 0, exponent 1): optax checks decay_steps > 0
   # when the schedule is made, which a traced length cannot answer (make_schedule checks it).
+  # The length becomes an array only when the schedule is called: making an optimizer (config
+  # checks) must not start a JAX backend before eval.py has chosen its CPU devices.
   def schedule(count):
-    count = jnp.minimum(count, decay_steps)
-    return peak * (0.5 * (1 + jnp.cos(jnp.pi * count / decay_steps)))
+    length = jnp.asarray(decay_steps, jnp.float32)
+    count = jnp.minimum(count, length)
+    return peak * (0.5 * (1 + jnp.cos(jnp.pi * count / length)))
 
   return schedule
 
 
 def _linear(optim, decay_steps, steps_per_epoch):
   del steps_per_epoch
-  peak, decay_steps = optim.learning_rate, jnp.asarray(decay_steps, jnp.float32)
+  peak = optim.learning_rate
 
-  # optax.linear_schedule(peak, 0, decay_steps)'s expression, for the same reason as _cosine.
+  # optax.linear_schedule(peak, 0, decay_steps)'s expression, for the same reasons as _cosine.
   def schedule(count):
-    return peak * (1 - jnp.clip(count, 0, decay_steps) / decay_steps)
+    length = jnp.asarray(decay_steps, jnp.float32)
+    return peak * (1 - jnp.clip(count, 0, length) / length)
 
   return schedule
 
