@@ -23,8 +23,8 @@ carry train.time_budget_minutes=60: at the end of warmup (step 400) a run times 
 validation and one checkpoint, and trains the most steps up to 9600 that end within the hour
 (training/time_budget.py). On the Zen 5 VM that is all 9600, by those runs' times. On the Xeon VM
 De->En planned 4957 and 4545 steps; test_2016 tokenized BLEU 42.88 and 41.77 (seeds 0 and 1,
-docs/results.md 7); En->De planned 4711 and ended at 4650: 39.35 (seed 0). --config.train.time_budget_minutes=0 trains all 9600 wherever the hour
-allows it or not.
+docs/results.md 7); En->De planned 4711 and ended at 4650: 39.35 (seed 0).
+--config.train.time_budget_minutes=0 trains all 9600 wherever the hour allows it or not.
 """
 
 from configs import base
