@@ -146,6 +146,9 @@ def test_a_budgeted_run_trains_the_length_it_planned_at_warmup_end_and_keeps_it_
   assert params_equal_bitwise(resumed.opt_state, fixed.opt_state)
   records = read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
   assert [r['step'] for r in records if 'planned_steps' in r] == [20]
+  # The plan's validation is timed without the decoder's first compilation, which it records apart.
+  plan, = [r for r in records if 'planned_steps' in r]
+  assert plan['eval_compile_seconds'] > 0 and plan['planned_from_eval_seconds'] == costs.eval_seconds
   assert [r['step'] for r in records if 'eval_loss' in r] == [20, 26]
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['20', '26']
 

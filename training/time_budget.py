@@ -4,11 +4,12 @@ How many steps fit an hour depends on the machine (the Multi30k presets' 9600 st
 one 2-core VM and ~1 h 45 min on another), and a schedule that decays to 0 on the last step
 ('cosine', 'linear') must know that step before it starts decaying. Warmup does not depend on the
 run's length, so a budgeted run measures itself while it warms up and fixes its length when warmup
-ends: it times the steps of the second half of warmup, then one validation and one checkpoint,
-and plans the most steps whose training, validations and checkpoints end within the budget, less
-a reserve. The length is an argument of the compiled step (training/trainer.py), so the planned
-schedule needs no new compilation. num_steps / num_epochs stay the upper bound. The plan is a
-metrics record, so a resumed run keeps the length it planned.
+ends: it times the steps of the second half of warmup, then one validation (less the compiling
+that later validations reuse, training/compile_clock.py) and one checkpoint, and plans the most
+steps whose training, validations and checkpoints end within the budget, less a reserve. The
+length is an argument of the compiled step (training/trainer.py), so the planned schedule needs no
+new compilation. num_steps / num_epochs stay the upper bound. The plan is a metrics record, so a
+resumed run keeps the length it planned.
 
 Step time drifts on a shared machine (epochs of one Xeon VM run took 91-141 s), so after the plan
 the run checks the clock at every log step and ends early, with its validation and checkpoint,
@@ -35,7 +36,7 @@ MIN_WARMUP_STEPS = 20
 class Costs:
   """Measured seconds of the work left in a run."""
   step_seconds: float  # one training step, data included, compilation excluded
-  eval_seconds: float  # one validation (loss and greedy BLEU)
+  eval_seconds: float  # one validation (loss and greedy BLEU), compilation excluded
   save_seconds: float  # one checkpoint, the part the loop waits for
 
 

@@ -18,8 +18,8 @@ import optax
 from jax.experimental import multihost_utils
 
 from data import datasets, pipeline
-from training import (partitioning, run_dir, run_log, stop_signals, time_budget, train_state,
-                      validation)
+from training import (compile_clock, partitioning, run_dir, run_log, stop_signals, time_budget,
+                      train_state, validation)
 from training.console_lines import describe_data, describe_model, describe_validation
 from training.checkpointing import Checkpointer
 from training.evaluation import Evaluator
@@ -225,7 +225,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
              'run_seconds': run_seconds()}
     checkpointer.save(at_step, state, extra, metrics=metrics, force=force)
 
-  def fit_to_budget(steps_end: float, eval_seconds: float,
+  def fit_to_budget(steps_end: float, eval_seconds: float, eval_compile_seconds: float,
                     save_seconds: float) -> tuple[int, time_budget.Costs]:
     """Plans the run's length from its timed warmup steps (ending at `steps_end`), validation and save."""
     mark_step, mark_time, mark_paused = timing_mark
@@ -240,11 +240,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
     ends = elapsed + time_budget.seconds_left(costs, step=step, last_step=planned,
                                               eval_every=config.train.eval_every,
                                               checkpoint_every=config.train.checkpoint_every)
-    writer.write(step, time_budget.plan_record(planned, costs, elapsed))
+    writer.write(step, {**time_budget.plan_record(planned, costs, elapsed),
+                        'eval_compile_seconds': eval_compile_seconds})
     say(f'time budget {budget_minutes} min: {elapsed / 60:.1f} min spent by step {step}; a step '
-        f'takes {costs.step_seconds:.3f} s, a validation {eval_seconds:.1f} s, a checkpoint '
-        f'{save_seconds:.1f} s: the run ends at step {planned} of at most {max_steps}, after '
-        f'~{ends / 60:.1f} min')
+        f'takes {costs.step_seconds:.3f} s, a validation {eval_seconds:.1f} s (the first also '
+        f'compiled for {eval_compile_seconds:.1f} s), a checkpoint {save_seconds:.1f} s: the run '
+        f'ends at step {planned} of at most {max_steps}, after ~{ends / 60:.1f} min')
     return planned, costs
 
   def out_of_time() -> bool:
@@ -330,8 +331,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
       if step % config.train.eval_every == 0 or at_end or step == plan_at:
         settle()
         eval_start = time.perf_counter()
-        eval_metrics = evaluator(train_state.model_variables(state.params, state.batch_stats), state)
-        eval_seconds = time.perf_counter() - eval_start
+        with compile_clock.CompileClock() as eval_compiling:
+          eval_metrics = evaluator(train_state.model_variables(state.params, state.batch_stats), state)
+        # A later validation reuses what this one compiled: the plan charges it without that.
+        eval_seconds = time.perf_counter() - eval_start - eval_compiling.seconds
         writer.write(step, eval_metrics)
         logging.info('step %d: %s', step, eval_metrics)
         say(describe_validation(step, eval_metrics, best))
@@ -344,7 +347,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         save_seconds = time.perf_counter() - save_start
         last_saved = step
       if step == plan_at:
-        total_steps, plan_costs = fit_to_budget(pause_start, eval_seconds, save_seconds)
+        total_steps, plan_costs = fit_to_budget(pause_start, eval_seconds, eval_compiling.seconds,
+                                                save_seconds)
         planned = total_steps
         schedule, schedule_length = set_length(total_steps)
         if console:
