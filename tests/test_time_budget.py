@@ -50,7 +50,7 @@ def test_the_plan_is_the_last_length_that_fits_the_budget_less_the_reserve(
   planned = time_budget.plan_length(COSTS, budget_seconds=budget_seconds, elapsed_seconds=elapsed_seconds,
                                     step=step, max_steps=max_steps, eval_every=eval_every,
                                     checkpoint_every=checkpoint_every)
-  reserve = max(budget_seconds * time_budget.RESERVE_FRACTION, time_budget.UNTIMED_SECONDS)
+  reserve = time_budget.UNTIMED_SECONDS + budget_seconds * time_budget.RESERVE_FRACTION
   available = budget_seconds - reserve - elapsed_seconds
   assert planned == max(last for last, seconds in simulated_runs(COSTS, step=step, max_steps=max_steps,
                                                                  eval_every=eval_every,
@@ -59,24 +59,27 @@ def test_the_plan_is_the_last_length_that_fits_the_budget_less_the_reserve(
 
 
 @pytest.mark.parametrize('budget_minutes', [3, 8, 15, 60, 120])
-def test_a_run_that_keeps_to_its_plan_is_never_ended_early(budget_minutes):
+@pytest.mark.parametrize('drift', [0.0, 0.025])
+def test_a_run_that_keeps_to_its_plan_or_drifts_a_little_is_never_ended_early(budget_minutes, drift):
   # training/trainer.py asks must_stop at every log step before the planned end, with the steps to
   # the next check or to the end, whichever is nearer. A run whose steps, validations and saves
-  # cost what the plan measured must reach its planned end, short budgets too (an 8-minute run on
-  # the Xeon VM was cut at step 550 of 594 before the plan kept back what must_stop keeps back).
-  step, eval_every, checkpoint_every, log_every, seconds = 400, 2400, 400, 50, 100.0
+  # cost what the plan measured, or up to 2.5% more, must reach its planned end, short budgets too.
+  # On the Xeon VM an 8-minute run was cut at step 550 of 594 before the plan kept back what
+  # must_stop keeps back, and one 1.8% slower than its plan at 550 of 585 before it also kept back
+  # room to drift.
+  step, eval_every, checkpoint_every, log_every, seconds = 400, 2400, 400, 50, 60.0
   budget_seconds = budget_minutes * 60
   planned = time_budget.plan_length(COSTS, budget_seconds=budget_seconds, elapsed_seconds=seconds,
                                     step=step, max_steps=10**6, eval_every=eval_every,
                                     checkpoint_every=checkpoint_every)
   assert planned > step + log_every  # each budget here leaves room for checks
   for done in range(step + 1, planned):
-    seconds += COSTS.step_seconds
+    seconds += COSTS.step_seconds * (1 + drift)
     if done % log_every == 0:
       assert not time_budget.must_stop(COSTS, budget_seconds=budget_seconds, elapsed_seconds=seconds,
                                        steps_to_next_check=min(log_every, planned - done)), done
-    seconds += (COSTS.eval_seconds if done % eval_every == 0 else 0.0) + (
-        COSTS.save_seconds if done % checkpoint_every == 0 else 0.0)
+    seconds += ((COSTS.eval_seconds if done % eval_every == 0 else 0.0) + (
+        COSTS.save_seconds if done % checkpoint_every == 0 else 0.0)) * (1 + drift)
 
 
 def test_a_spent_budget_plans_one_step_past_warmup_and_a_cap_at_warmup_is_refused():

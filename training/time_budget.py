@@ -20,14 +20,15 @@ learning rate not yet at 0.
 import dataclasses
 import math
 
-# Kept back from the budget for what the plan does not time: process start-up and exit, batch shapes
-# first met after the plan (compiled then), small drift in step time. Larger drift (6% and 12% on
-# the Xeon VM, docs/results.md 7) is the early end's to catch; a reserve that large would cost every
-# steadier machine minutes of training.
-RESERVE_FRACTION = 0.03
 # What no clock of the loop sees, which the early end (`must_stop`) keeps back: the process's start-up
 # before train_and_evaluate (imports, devices) and its exit after the last save.
 UNTIMED_SECONDS = 30.0
+# Kept back by the plan on top of UNTIMED_SECONDS, for what it does not time: batch shapes first met
+# after the plan (compiled then) and small drift in step time. Without it any drift ended a run
+# early: an 8-minute Xeon VM run 1.8% behind its steps was cut at step 550 of 585, its learning rate
+# at 9% of the peak. Larger drift (6% and 12% on the Xeon VM, docs/results.md 7) is the early end's
+# to catch; a reserve that large would cost every steadier machine minutes of training.
+RESERVE_FRACTION = 0.03
 # Fewest warmup steps to time: half of them are measured, after the first one's compilation.
 MIN_WARMUP_STEPS = 20
 
@@ -71,6 +72,11 @@ def seconds_left(costs: Costs, *, step: int, last_step: int, eval_every: int,
           + pauses(checkpoint_every) * costs.save_seconds)
 
 
+def reserve_seconds(budget_seconds: float) -> float:
+  """What the plan keeps back: what the early end keeps back, and room to drift within the budget."""
+  return UNTIMED_SECONDS + RESERVE_FRACTION * budget_seconds
+
+
 def plan_length(costs: Costs, *, budget_seconds: float, elapsed_seconds: float, step: int,
                 max_steps: int, eval_every: int, checkpoint_every: int) -> int:
   """The most steps, at most `max_steps`, whose run ends within the budget less its reserve.
@@ -80,9 +86,7 @@ def plan_length(costs: Costs, *, budget_seconds: float, elapsed_seconds: float, 
   """
   if max_steps <= step:
     raise ValueError(f'max_steps={max_steps} leaves nothing to plan after step {step}')
-  # Never less than the early end keeps back, or a short budget's plan would always be cut short.
-  reserve = max(budget_seconds * RESERVE_FRACTION, UNTIMED_SECONDS)
-  available = budget_seconds - reserve - elapsed_seconds
+  available = budget_seconds - reserve_seconds(budget_seconds) - elapsed_seconds
   fits = lambda last_step: seconds_left(costs, step=step, last_step=last_step, eval_every=eval_every,
                                         checkpoint_every=checkpoint_every) <= available
   low, high = step + 1, max_steps  # seconds_left grows with last_step: bisect for the last fit
