@@ -21,11 +21,11 @@ def _fresh_function(salt: float):
 
 
 def _spans_of(block) -> list[tuple[float, float]]:
-  """Every compile span jax reports while `block` runs, from any thread: the clock's raw input."""
-  spans = []
+  """Every compile span jax reports in this thread while `block` runs: the clock's raw input."""
+  spans, thread = [], threading.get_ident()
 
   def listen(event, start, end, **fields):
-    if event.startswith('/jax/core/compile/'):
+    if event.startswith('/jax/core/compile/') and threading.get_ident() == thread:
       spans.append((start, end))
 
   jax.monitoring.register_event_time_span_listener(listen)
