@@ -15,6 +15,7 @@ import functools
 import hashlib
 import io
 import json
+import os
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -46,8 +47,9 @@ def cache_dir(data_config) -> Path:
 
 
 def compilation_cache_dir(data_config) -> Path:
-  """Where train.py and eval.py keep compiled programs (JAX's persistent compilation cache)."""
-  return cache_dir(data_config) / 'xla'
+  """Where train.py and eval.py keep compiled programs (JAX's persistent compilation cache):
+  $JAX_COMPILATION_CACHE_DIR where it names one, else <cache_dir>/xla."""
+  return Path(os.environ.get('JAX_COMPILATION_CACHE_DIR') or cache_dir(data_config) / 'xla')
 
 
 def source_fingerprint(data_config) -> str:

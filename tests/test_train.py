@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from configs import smoke
+from data import datasets
 from data import tokenizer as tokenizer_lib
 from training import run_log, time_budget, trainer
 from training.checkpointing import Checkpointer
@@ -220,6 +221,17 @@ def test_the_console_shows_its_lines_and_library_logging_goes_to_train_log(tmp_p
   assert lines[6].startswith('finished at step 4') and str(workdir) in lines[6]
   log = (workdir / 'train.log').read_text()
   assert 'train step compiled for batch shape' in log and 'config:' in log
+  # tests/conftest.py names the session's compilation cache in $JAX_COMPILATION_CACHE_DIR: train.py
+  # compiled into it, not into the data cache's own folder.
+  assert not (data_cache / 'xla').exists()
+
+
+def test_an_explicit_jax_compilation_cache_dir_wins_over_the_data_caches_folder(data_cache, monkeypatch):
+  config = smoke_config(data_cache)
+  monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', '/elsewhere/xla')
+  assert datasets.compilation_cache_dir(config.data) == Path('/elsewhere/xla')
+  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR')
+  assert datasets.compilation_cache_dir(config.data) == data_cache / 'xla'
 
 
 def test_a_whole_epoch_records_its_wall_clock_time(tmp_path, data_cache):
