@@ -9,7 +9,7 @@ input order, to --output (default stdout); an empty line gives an empty line. Wi
 input line gives N lines `LINE<TAB>SCORE<TAB>TRANSLATION` (LINE counts from 1, SCORE is the
 length-penalised log-probability), best first.
 
-Everything comes from the workdir: config.json (saved by train.py) rebuilds data, tokenizer and
+Everything comes from the workdir: config.json (saved by train.py) rebuilds data, vocabularies and
 model, checkpoints/ holds the parameters. --checkpoint: 'last', 'best' (lowest validation loss), a
 saved step, or 'avg:N' (the mean of the N most recent checkpoints). Beam size and length penalty
 default to config.eval, the batch size to config.data.eval_batch_size.
@@ -82,8 +82,9 @@ def translate_split(run: trained_model.Restored, split: str, settings: dict, bat
 
   Every batch shape is compiled before the decode loop, so its time and speed exclude compilation.
   """
-  batches = pipeline.make_eval_batches(run.config.data, run.tokenizer, split, batch_size)
-  translator = translating.SplitTranslator(run.model, run.tokenizer, batches, mesh, **settings)
+  batches = pipeline.make_eval_batches(run.config.data, run.vocabularies, split, batch_size)
+  translator = translating.SplitTranslator(run.model, run.vocabularies.target, batches, mesh,
+                                           **settings)
   return translator(partitioning.replicate(run.variables, mesh))
 
 
@@ -111,7 +112,7 @@ def translate_lines(run: trained_model.Restored, lines: list[str], settings: dic
   if nbest > settings['beam_size']:
     raise ValueError(f'--nbest={nbest} exceeds the beam size {settings["beam_size"]}: a beam '
                      f'search keeps that many hypotheses; raise --beam_size')
-  ids = run.tokenizer.encode_batch(lines)
+  ids = run.vocabularies.source.encode_batch(lines)
   max_position = run.config.model.max_position
   for number, line_ids in enumerate(ids, start=1):
     padded = batching.round_up(len(line_ids) + 1, 8)
@@ -134,7 +135,8 @@ def translate_lines(run: trained_model.Restored, lines: list[str], settings: dic
     for i, index in enumerate(batch['example_index']):
       if index >= 0:
         results[translated[index]] = [
-            (float(scores[i, k]), translating.hypothesis_text(run.tokenizer, hypotheses[i, k]))
+            (float(scores[i, k]),
+             translating.hypothesis_text(run.vocabularies.target, hypotheses[i, k]))
             for k in range(nbest)]
   return results
 

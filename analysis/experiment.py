@@ -23,6 +23,7 @@ import optax
 
 from data import batching, pipeline
 from data import tokenizer as tokenizer_lib
+from data import vocabularies as vocabularies_lib
 from model import losses
 from model.transformer import Transformer
 from training import command_line, train_state
@@ -80,12 +81,20 @@ def load_batches(data_config: ml_collections.ConfigDict, split: str, num_pairs: 
   shapes, hence compilations; a sum over tokens (loss, gradient, Hessian) does not depend on
   how the pairs are grouped.
 
+  Raises:
+    ValueError: for a split with fewer pairs, or vocabularies other than one joint vocabulary (the
+      analyses build their models for one size).
+
   Returns:
     The vocabulary size and batches of `MODEL_INPUTS`, each trimmed to its longest pair
     rounded up to 8 tokens.
   """
-  tokenizer = tokenizer_lib.get_tokenizer(data_config)
-  pairs = pipeline.make_eval_batches(data_config, tokenizer, split, num_pairs, examples=num_pairs)[0]
+  if data_config.vocabulary != 'joint':
+    raise ValueError(f'config.data.vocabulary={data_config.vocabulary!r}: the analyses build their '
+                     f"models for one joint vocabulary; use 'joint'")
+  vocabularies = vocabularies_lib.get_vocabularies(data_config)
+  pairs = pipeline.make_eval_batches(data_config, vocabularies, split, num_pairs,
+                                     examples=num_pairs)[0]
   available = int((pairs['example_index'] >= 0).sum())
   if available < num_pairs:
     raise ValueError(f'{data_config.dataset} split {split!r} has {available} pairs, fewer than '
@@ -101,7 +110,7 @@ def load_batches(data_config: ml_collections.ConfigDict, split: str, num_pairs: 
     batches.append({
         name: pairs[name][rows, :source_length if name == 'encoder_input_tokens' else target_length]
         for name in MODEL_INPUTS})
-  return tokenizer.vocab_size, batches
+  return vocabularies.source.vocab_size, batches
 
 
 def load_batches_or_exit(data_config: ml_collections.ConfigDict, split: str, num_pairs: int,

@@ -20,7 +20,6 @@ import os
 
 from etils import epath
 import jax
-import jax.numpy as jnp
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 import numpy as np
@@ -93,11 +92,12 @@ def score_run(workdir: str, splits: list[str], checkpoint: str = 'last') -> dict
   out.mkdir(parents=True, exist_ok=True)
   scored = {}
   for split in splits:
-    batches = pipeline.make_eval_batches(run.config.data, run.tokenizer, split,
+    batches = pipeline.make_eval_batches(run.config.data, run.vocabularies, split,
                                          run.config.data.eval_batch_size)
     text = datasets.load_split_text(run.config.data, split)
     nll, tokens = sentence_losses(nll_of, run.variables, batches, len(text.source))
-    hypotheses, _ = translating.SplitTranslator(run.model, run.tokenizer, batches, mesh)(run.variables)
+    translator = translating.SplitTranslator(run.model, run.vocabularies.target, batches, mesh)
+    hypotheses, _ = translator(run.variables)
     scored[split] = bucket_scores(text.source, hypotheses, text.reference, nll, tokens)
     (out / f'{split}.json').write_text(json.dumps({
         'split': split, 'checkpoint': checkpoint, 'checkpoint_steps': run.steps, 'decoding': 'greedy',

@@ -51,7 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.activation = 'relu'
   # Residual connections around every sublayer; False is the lectures' ablation.
   model.residual = True
-  # One embedding table for source and target tokens (needs a joint vocabulary).
+  # One embedding table for source and target tokens (needs data.vocabulary='joint').
   model.share_embeddings = True
   # Decoder output projection reuses the decoder input embedding (transposed).
   model.tie_output_embedding = True
@@ -75,7 +75,9 @@ def get_config() -> ml_collections.ConfigDict:
   data.source_dir = ''
   # Where prepared TFDS datasets and tokenizers are cached; '' means ~/.cache/seq2seq_lab.
   data.cache_dir = ''
-  # Sentencepiece vocabulary size (joint over both languages).
+  # Sentencepiece vocabularies: 'joint' (one over both languages) or 'separate' (one per language; needs model.share_embeddings=False).
+  data.vocabulary = 'joint'
+  # Sentencepiece vocabulary size (of the joint one, or of each separate one).
   data.vocab_size = 8000
   # Sentencepiece model type: 'unigram' or 'bpe'.
   data.vocab_type = 'unigram'

@@ -44,6 +44,7 @@ from data import batching
 from data import datasets
 from data import token_ids
 from data import tokenizer as tokenizer_lib
+from data import vocabularies as vocabularies_lib
 
 
 class TrainIterator(Iterator[dict]):
@@ -80,7 +81,7 @@ class TrainIterator(Iterator[dict]):
     self._iterator.set_state(state)
 
 
-def make_train_iterator(data_config, tokenizer: tokenizer_lib.Tokenizer, *,
+def make_train_iterator(data_config, vocabularies: vocabularies_lib.Vocabularies, *,
                         seed: int, process_index: int = 0,
                         process_count: int = 1,
                         batch_multiple: int = 1) -> TrainIterator:
@@ -88,7 +89,7 @@ def make_train_iterator(data_config, tokenizer: tokenizer_lib.Tokenizer, *,
 
   Args:
     data_config: `config.data` (max_length, max_tokens, num_workers, ...).
-    tokenizer: Vocabulary of the ids.
+    vocabularies: The vocabulary of each language.
     seed: Seed of the data order; epoch e is shuffled with (seed, e).
     process_index: This process, in [0, process_count).
     process_count: Processes sharing each global batch.
@@ -96,7 +97,7 @@ def make_train_iterator(data_config, tokenizer: tokenizer_lib.Tokenizer, *,
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} not in [0, {process_count})')
-  source, target = _split_ids(data_config, tokenizer, 'train',
+  source, target = _split_ids(data_config, vocabularies, 'train',
                               sampled=data_config.subword_samples > 0)
   short_sources = short_source_pairs(data_config)
   if short_sources is not None and data_config.subword_samples:
@@ -153,7 +154,7 @@ def short_source_pairs(data_config) -> np.ndarray | None:
   return words <= data_config.train_max_source_words
 
 
-def make_eval_batches(data_config, tokenizer: tokenizer_lib.Tokenizer,
+def make_eval_batches(data_config, vocabularies: vocabularies_lib.Vocabularies,
                       split: str, batch_size: int,
                       examples: int | None = None) -> list[dict[str, np.ndarray]]:
   """Returns every pair of `split` (or its first `examples`), none dropped or truncated.
@@ -165,7 +166,7 @@ def make_eval_batches(data_config, tokenizer: tokenizer_lib.Tokenizer,
   longest sequence of the batch, either side, rounded up to a multiple of 8. So
   the shapes to compile are one per multiple of 8, not one per pair of lengths.
   """
-  source, target = _split_ids(data_config, tokenizer, split)
+  source, target = _split_ids(data_config, vocabularies, split)
   count = len(source) if examples is None else min(examples, len(source))
   batches = []
   for rows in _length_grouped_rows(batch_size, source.lengths[:count],
@@ -309,8 +310,8 @@ def _pad(ragged: token_ids.RaggedIds, rows: np.ndarray, width: int, *,
                 shift=shift, marker=marker)
 
 
-def _split_ids(data_config, tokenizer: tokenizer_lib.Tokenizer, split: str, sampled: bool = False):
+def _split_ids(data_config, vocabularies: vocabularies_lib.Vocabularies, split: str, sampled: bool = False):
   """Returns the (source, target) token ids of `split` (its sampled copies if `sampled`)."""
   source_lang, target_lang = datasets.language_pair(data_config)
-  ids = (token_ids.load_sampled if sampled else token_ids.load)(data_config, tokenizer, split)
+  ids = (token_ids.load_sampled if sampled else token_ids.load)(data_config, vocabularies, split)
   return ids[source_lang], ids[target_lang]

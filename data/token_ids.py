@@ -2,7 +2,7 @@
 
 Tokenizing is done here once per split, so the per-batch work of the pipeline
 is numpy indexing only. The cache lives at
-`<cache_dir>/token_ids/<dataset>-<dataset_config>-<source fingerprint>-<tokenizer
+`<cache_dir>/token_ids/<dataset>-<dataset_config>-<source fingerprint>-<vocabularies
 fingerprint>/<split>.npz`, so neither edited raw files nor a retrained vocabulary meets stale ids.
 Sampled segmentations (data.subword_samples) are cached beside them, named by their settings.
 """
@@ -17,7 +17,7 @@ import numpy as np
 
 from data import builder
 from data import datasets
-from data import tokenizer as tokenizer_lib
+from data import vocabularies as vocabularies_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,20 +43,21 @@ class RaggedIds:
     return np.diff(self.offsets)
 
 
-def load(data_config, tokenizer: tokenizer_lib.Tokenizer,
+def load(data_config, vocabularies: vocabularies_lib.Vocabularies,
          split: str) -> dict[str, RaggedIds]:
-  """Returns language -> token ids (no EOS) of every example of `split`, in source order."""
+  """Returns language -> token ids (no EOS) of every example of `split`, in source order, each
+  language in its own vocabulary."""
   datasets.check_split(data_config.dataset, split)
 
   def encode():
     examples = datasets.load_examples(data_config, split)
-    return {lang: RaggedIds.from_lists(tokenizer.encode_batch(examples[lang]))
+    return {lang: RaggedIds.from_lists(vocabularies.by_language[lang].encode_batch(examples[lang]))
             for lang in builder.LANGUAGES}
 
-  return _cached(_folder(data_config, tokenizer) / f'{split}.npz', encode)
+  return _cached(_folder(data_config, vocabularies) / f'{split}.npz', encode)
 
 
-def load_sampled(data_config, tokenizer: tokenizer_lib.Tokenizer,
+def load_sampled(data_config, vocabularies: vocabularies_lib.Vocabularies,
                  split: str) -> dict[str, RaggedIds]:
   """Language -> `data_config.subword_samples` sampled segmentations of every example of `split`.
 
@@ -72,18 +73,18 @@ def load_sampled(data_config, tokenizer: tokenizer_lib.Tokenizer,
     examples = datasets.load_examples(data_config, split)
     return {lang: RaggedIds.from_lists([
         ids for copy in range(samples)
-        for ids in tokenizer.sample_batch(examples[lang], alpha=alpha, nbest_size=nbest,
-                                          seed=2 * copy + number + 1)])
+        for ids in vocabularies.by_language[lang].sample_batch(
+            examples[lang], alpha=alpha, nbest_size=nbest, seed=2 * copy + number + 1)])
             for number, lang in enumerate(builder.LANGUAGES)}
 
   name = f'{split}-sampled-{samples}x-alpha{alpha:g}-nbest{nbest}.npz'
-  return _cached(_folder(data_config, tokenizer) / name, encode)
+  return _cached(_folder(data_config, vocabularies) / name, encode)
 
 
-def _folder(data_config, tokenizer: tokenizer_lib.Tokenizer) -> Path:
+def _folder(data_config, vocabularies: vocabularies_lib.Vocabularies) -> Path:
   return (datasets.cache_dir(data_config) / 'token_ids' /
           f'{data_config.dataset}-{data_config.dataset_config}-'
-          f'{datasets.source_fingerprint(data_config)}-{tokenizer.fingerprint}')
+          f'{datasets.source_fingerprint(data_config)}-{vocabularies.fingerprint}')
 
 
 def _cached(path: Path, encode: Callable[[], dict[str, RaggedIds]]) -> dict[str, RaggedIds]:

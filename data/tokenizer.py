@@ -1,8 +1,10 @@
-"""Joint sentencepiece vocabulary over both languages of a dataset.
+"""A sentencepiece vocabulary of a dataset: joint over both languages, or of one language.
 
-The model is trained on the training split of both languages once per
-(dataset, dataset_config, raw files, vocab_type, vocab_size) and cached as
-`<cache_dir>/tokenizers/<dataset>-<dataset_config>-<source fingerprint>-<vocab_type>-<vocab_size>.model`.
+The model is trained on the training split of both languages (or of the one language) once per
+(dataset, dataset_config, raw files, vocab_type, vocab_size, language) and cached as
+`<cache_dir>/tokenizers/<dataset>-<dataset_config>-<source fingerprint>-<vocab_type>-<vocab_size>.model`,
+`...-<vocab_size>-<language>.model` for one language's. Which languages share one is
+data/vocabularies.py's choice.
 Options are chosen so that `decode(encode(text)) == text`: no normalisation,
 whitespace kept as is, and byte fallback instead of an unknown token.
 """
@@ -77,25 +79,36 @@ class Tokenizer:
     return self._processor.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
 
 
-def tokenizer_path(data_config) -> Path:
-  """Where the tokenizer of `data_config` is (or will be) cached."""
+def tokenizer_path(data_config, language: str | None = None) -> Path:
+  """Where the tokenizer of `data_config` is (or will be) cached: the joint one, or `language`'s."""
   name = (f'{data_config.dataset}-{data_config.dataset_config}-'
           f'{datasets.source_fingerprint(data_config)}-'
-          f'{data_config.vocab_type}-{data_config.vocab_size}.model')
+          f'{data_config.vocab_type}-{data_config.vocab_size}'
+          f'{f"-{language}" if language else ""}.model')
   return datasets.cache_dir(data_config) / 'tokenizers' / name
 
 
-def get_tokenizer(data_config) -> Tokenizer:
-  """Loads the cached tokenizer of `data_config`, training it first if absent."""
+def get_tokenizer(data_config, language: str | None = None) -> Tokenizer:
+  """Loads the cached tokenizer of `data_config`, training it first if absent.
+
+  Args:
+    data_config: `config.data` (dataset, vocab_type, vocab_size, ...).
+    language: None for the vocabulary joint over both languages; a language code (one of
+      builder.LANGUAGES) for that language's own, trained on its side of the training split only.
+  """
   if data_config.vocab_type not in VOCAB_TYPES:
     raise ValueError(f'Unknown vocab_type {data_config.vocab_type!r}; '
                      f'valid: {", ".join(VOCAB_TYPES)}')
-  path = tokenizer_path(data_config)
+  if language is not None and language not in builder.LANGUAGES:
+    raise ValueError(f'No tokenizer of language {language!r}; valid: {", ".join(builder.LANGUAGES)}')
+  path = tokenizer_path(data_config, language)
   if not path.exists():
     examples = datasets.load_examples(data_config, 'train')
-    sentences = [line for lang in builder.LANGUAGES for line in examples[lang]]
-    logging.info('Training a %d-piece %s sentencepiece model on %d sentences',
-                 data_config.vocab_size, data_config.vocab_type, len(sentences))
+    sentences = [line for lang in ((language,) if language else builder.LANGUAGES)
+                 for line in examples[lang]]
+    logging.info('Training a %d-piece %s sentencepiece model on %d sentences (%s)',
+                 data_config.vocab_size, data_config.vocab_type, len(sentences),
+                 language or 'both languages')
     _train(sentences, path, data_config.vocab_type, data_config.vocab_size)
   return Tokenizer(path)
 

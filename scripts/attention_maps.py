@@ -83,10 +83,10 @@ def main(argv):
       raise ValueError('the sentence is empty')
   except ValueError as error:
     raise SystemExit(f'attention_maps.py: {error}') from None
-  source_ids = run.tokenizer.encode(sentence)
+  source_ids = run.vocabularies.source.encode(sentence)
   target_ids, weights = cross_attention(run, source_ids, BEAM_SIZE.value or run.config.eval.beam_size)
-  source = run.tokenizer.pieces(source_ids + [tokenizer_lib.EOS_ID])
-  target = run.tokenizer.pieces(target_ids)
+  source = run.vocabularies.source.pieces(source_ids + [tokenizer_lib.EOS_ID])
+  target = run.vocabularies.target.pieces(target_ids)
   out_dir = epath.Path(OUT_DIR.value or epath.Path(WORKDIR.value) / 'attention')
   out_dir.mkdir(parents=True, exist_ok=True)
   for layer, layer_weights in enumerate(weights):
@@ -94,7 +94,7 @@ def main(argv):
     draw(layer_weights, source, target, f'decoder layer {layer}', HEADS.value).savefig(
         image, format='png', dpi=120)
     (out_dir / f'layer_{layer}.png').write_bytes(image.getvalue())
-  print(f'{sentence}\n-> {run.tokenizer.decode(target_ids)}\n{len(weights)} maps in {out_dir}')
+  print(f'{sentence}\n-> {run.vocabularies.target.decode(target_ids)}\n{len(weights)} maps in {out_dir}')
 
 
 if __name__ == '__main__':

@@ -14,7 +14,7 @@ from absl import app, flags
 import numpy as np
 
 from data import pipeline
-from data import tokenizer as tokenizer_lib
+from data import vocabularies as vocabularies_lib
 from training import command_line
 
 # Only the config's data section is used.
@@ -26,12 +26,12 @@ def main(argv) -> None:
   del argv
   config = command_line.config_from_flags().data
   start = time.perf_counter()
-  tokenizer = tokenizer_lib.get_tokenizer(config)
-  print(f'tokenizer ({config.vocab_type}, {tokenizer.vocab_size} pieces): '
+  vocabularies = vocabularies_lib.get_vocabularies(config)
+  print(f'tokenizers ({config.vocab_type}, {vocabularies.describe()}): '
         f'{time.perf_counter() - start:.2f} s (includes preparing the data '
         'and training on first use)')
   start = time.perf_counter()
-  iterator = pipeline.make_train_iterator(config, tokenizer, seed=0)
+  iterator = pipeline.make_train_iterator(config, vocabularies, seed=0)
   print(f'iterator: {time.perf_counter() - start:.2f} s, '
         f'{iterator.batches_per_epoch} batches per epoch, '
         f'{iterator.num_filtered} pairs over max_length={config.max_length}')

@@ -17,6 +17,7 @@ from configs import base
 from data import multi30k
 from data import sources
 from data import tokenizer as tokenizer_lib
+from data import vocabularies as vocabularies_lib
 
 # Small vocabulary and the faster trainer: tokenizer-dependent tests stay fast.
 TEST_VOCAB_SIZE = 1000
@@ -65,6 +66,11 @@ def _tokenizer(cache_dir: Path) -> tokenizer_lib.Tokenizer:
   return tokenizer_lib.get_tokenizer(_multi30k_config(cache_dir))
 
 
+@functools.cache
+def _vocabularies(cache_dir: Path) -> vocabularies_lib.Vocabularies:
+  return vocabularies_lib.get_vocabularies(_multi30k_config(cache_dir))
+
+
 @pytest.fixture
 def multi30k_config(tmp_path_factory):
   """`config.data` of the real Multi30k; prepared on first use in a session."""
@@ -75,6 +81,12 @@ def multi30k_config(tmp_path_factory):
 def multi30k_tokenizer(tmp_path_factory) -> tokenizer_lib.Tokenizer:
   """The test vocabulary trained on the real Multi30k, once per session."""
   return _tokenizer(shared_cache_dir(tmp_path_factory))
+
+
+@pytest.fixture
+def multi30k_vocabularies(tmp_path_factory) -> vocabularies_lib.Vocabularies:
+  """`multi30k_tokenizer` as the vocabularies of a De->En run (one joint vocabulary)."""
+  return _vocabularies(shared_cache_dir(tmp_path_factory))
 
 
 def read_gzip_lines(path: Path) -> list[str]:

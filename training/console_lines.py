@@ -2,12 +2,13 @@
 
 import jax
 
-from data import datasets, pipeline
+from data import datasets, pipeline, vocabularies as vocabularies_lib
 from model import flops as flops_lib
 from model.transformer import Transformer
 
 
-def describe_data(data_config, train_iter: pipeline.TrainIterator, tokenizer) -> str:
+def describe_data(data_config, train_iter: pipeline.TrainIterator,
+                  vocabularies: vocabularies_lib.Vocabularies) -> str:
   """The console's line about the prepared data."""
   source, target = datasets.language_pair(data_config)
   packing = (f', packed into rows of {data_config.pack_length} tokens'
@@ -18,8 +19,8 @@ def describe_data(data_config, train_iter: pipeline.TrainIterator, tokenizer) ->
            f'{data_config.train_max_source_words} words' if data_config.train_max_source_words else '')
   return (f'data: {data_config.dataset} {source}->{target}, {train_iter.num_pairs:,} training pairs{sampled} '
           f'in {train_iter.batches_per_epoch} batches per epoch{packing} ({train_iter.num_filtered} '
-          f'longer than max_length={data_config.max_length}{short} left out), vocabulary '
-          f'{tokenizer.vocab_size:,}; cached in {datasets.cache_dir(data_config)}')
+          f'longer than max_length={data_config.max_length}{short} left out), '
+          f'{vocabularies.describe()}; cached in {datasets.cache_dir(data_config)}')
 
 
 def describe_model(model: Transformer, params, length: str, resumed_from: int | None,

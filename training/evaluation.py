@@ -6,7 +6,7 @@ from typing import Callable
 import jax
 
 from data import datasets, pipeline
-from data.tokenizer import Tokenizer
+from data.vocabularies import Vocabularies
 from model.transformer import Transformer
 from training import partitioning, translating
 
@@ -14,7 +14,7 @@ from training import partitioning, translating
 class Evaluator:
   """Holds the split's padded batches, references and compiled greedy decoder, built once per run."""
 
-  def __init__(self, config, tokenizer: Tokenizer, model: Transformer, mesh, eval_step: Callable):
+  def __init__(self, config, vocabularies: Vocabularies, model: Transformer, mesh, eval_step: Callable):
     """Raises ValueError when config.data.eval_batch_size does not split over the devices."""
     translating.check_batch_size(config.data.eval_batch_size, 'config.data.eval_batch_size')
     self._mesh = mesh
@@ -23,9 +23,9 @@ class Evaluator:
     references = datasets.load_split_text(config.data, split).reference
     count = config.data.eval_examples or len(references)
     self._references = references[:count]
-    self._batches = pipeline.make_eval_batches(config.data, tokenizer, split,
+    self._batches = pipeline.make_eval_batches(config.data, vocabularies, split,
                                                config.data.eval_batch_size, examples=count)
-    self._translator = translating.SplitTranslator(model, tokenizer, self._batches, mesh)
+    self._translator = translating.SplitTranslator(model, vocabularies.target, self._batches, mesh)
 
   def __call__(self, variables, state) -> dict[str, float]:
     """Returns eval_loss (mean NLL per target token), eval_ppl, eval_accuracy and greedy bleu."""

@@ -1,4 +1,4 @@
-"""What process 0 does for every process of a run: lock its folder, prepare its tokenizer, decide.
+"""What process 0 does for every process of a run: lock its folder, prepare its vocabularies, decide.
 
 On one process these are plain calls; across `jax.distributed` processes the others wait for
 process 0 and take its answer, so no two processes race on a shared folder or disagree on a plan.
@@ -10,25 +10,30 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from data import tokenizer as tokenizer_lib
+from data import vocabularies as vocabularies_lib
 from training import run_dir
 
 
-def load_run_tokenizer(workdir: str, data_config) -> tokenizer_lib.Tokenizer:
-  """The run's own vocabulary: WORKDIR/tokenizer.model, copied there from the cache on first start.
+def load_run_vocabularies(workdir: str, data_config) -> vocabularies_lib.Vocabularies:
+  """The run's own vocabularies: WORKDIR/tokenizer.model (or one per language, see
+  run_dir.tokenizer_files), copied there from the cache on first start.
 
   Keeping a copy in the workdir means resuming and eval.py never depend on a cache that may have
-  been cleared or rebuilt. Process 0 prepares data and tokenizer first, so processes sharing a
+  been cleared or rebuilt. Process 0 prepares data and tokenizers first, so processes sharing a
   cache never race.
   """
-  target = run_dir.path(workdir, run_dir.TOKENIZER_FILE)
-  if jax.process_index() == 0 and not target.exists():
-    cached = tokenizer_lib.get_tokenizer(data_config)
-    temporary = target.with_name(target.name + '.tmp')
-    cached.model_path.copy(temporary, overwrite=True)
-    temporary.replace(target)
+  files = run_dir.tokenizer_files(data_config)
+  missing = {lang: run_dir.path(workdir, name) for lang, name in files.items()
+             if not run_dir.path(workdir, name).exists()}
+  if jax.process_index() == 0 and missing:
+    cached = vocabularies_lib.get_vocabularies(data_config)
+    for lang, target in missing.items():
+      temporary = target.with_name(target.name + '.tmp')
+      cached.by_language[lang].model_path.copy(temporary, overwrite=True)
+      temporary.replace(target)
   multihost_utils.sync_global_devices('data and tokenizer prepared')
-  return tokenizer_lib.Tokenizer(target)
+  return vocabularies_lib.load({lang: run_dir.path(workdir, name) for lang, name in files.items()},
+                               data_config)
 
 
 def agreed(value: int) -> int:

@@ -3,6 +3,7 @@
 WORKDIR/config.json        the resolved config the run was started with (see `check_resume`)
 WORKDIR/source.json        the fingerprint of the raw data files the run trains on
 WORKDIR/tokenizer.model    the run's own vocabulary, copied from the data cache on first start
+                           (with data.vocabulary='separate': tokenizer.<language>.model, one each)
 WORKDIR/metrics.jsonl      metric records (training/run_log.py)
 WORKDIR/status.json        running, finished, stopped, failed or diverged (training/run_log.py)
 WORKDIR/checkpoints/       orbax checkpoints (training/checkpointing.py)
@@ -27,8 +28,10 @@ from typing import Any
 from etils import epath
 import ml_collections
 
+from data import vocabularies
+
 CONFIG_FILE = 'config.json'
-TOKENIZER_FILE = 'tokenizer.model'
+TOKENIZER_FILE = 'tokenizer.model'  # a joint vocabulary's; see tokenizer_files
 METRICS_FILE = 'metrics.jsonl'
 STATUS_FILE = 'status.json'
 CHECKPOINT_DIR = 'checkpoints'
@@ -62,6 +65,12 @@ class RunFolderError(ValueError):
 def path(workdir: str | os.PathLike, name: str) -> epath.Path:
   """WORKDIR/name, for the names above."""
   return epath.Path(workdir) / name
+
+
+def tokenizer_files(data_config) -> dict[str, str]:
+  """Language -> the name of the run folder's copy of its vocabulary (one name twice when joint)."""
+  return {lang: TOKENIZER_FILE if model_language is None else f'tokenizer.{model_language}.model'
+          for lang, model_language in vocabularies.languages_of_models(data_config).items()}
 
 
 def is_local(folder: str | os.PathLike) -> bool:

@@ -30,9 +30,14 @@ def model_variables(params, batch_stats) -> dict:
   return {'params': params, **({'batch_stats': batch_stats} if batch_stats else {})}
 
 
-def build_model(config: ml_collections.ConfigDict, vocab_size: int) -> Transformer:
-  return Transformer(ModelConfig.from_config(config.model, source_vocab_size=vocab_size,
-                                             target_vocab_size=vocab_size))
+def build_model(config: ml_collections.ConfigDict, vocab_size: int,
+                target_vocab_size: int | None = None) -> Transformer:
+  """The model of `config` for `vocab_size` source tokens and `target_vocab_size` target tokens
+  (by default the same: a joint vocabulary)."""
+  return Transformer(ModelConfig.from_config(
+      config.model, source_vocab_size=vocab_size,
+      target_vocab_size=vocab_size if target_vocab_size is None else target_vocab_size))
+
 
 
 def create_train_state(model: Transformer, tx: optax.GradientTransformation, seed: int,

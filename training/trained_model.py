@@ -1,4 +1,4 @@
-"""A trained model opened from a run folder: config, tokenizer, model and (averaged) variables.
+"""A trained model opened from a run folder: config, vocabularies, model and (averaged) variables.
 
 What eval.py and the scripts that look inside a trained model (attention maps) start from.
 """
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from configs import base
-from data import datasets, tokenizer as tokenizer_lib
+from data import datasets, vocabularies as vocabularies_lib
 from model.transformer import Transformer
 from training import averaging, partitioning, run_dir, train_state, validation
 from training.checkpointing import Checkpointer, DamagedCheckpointError, first_mismatch
@@ -22,7 +22,7 @@ _CHECKPOINT_FORMS = "'last', 'best', a saved step such as 3000, or 'avg:N' with 
 class Restored(NamedTuple):
   """What `restore` rebuilds from a workdir; `steps` are the checkpoints behind `variables`."""
   config: ml_collections.ConfigDict
-  tokenizer: tokenizer_lib.Tokenizer
+  vocabularies: vocabularies_lib.Vocabularies
   model: Transformer
   variables: dict
   steps: list[int]
@@ -102,9 +102,9 @@ def restore_target(checkpointer: Checkpointer, step: int, model: Transformer, me
 
 
 def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
-  """Rebuilds tokenizer and model from WORKDIR/config.json and restores (or averages) variables.
+  """Rebuilds vocabularies and model from WORKDIR/config.json and restores (or averages) variables.
 
-  Every check of the command line and of the workdir runs before the tokenizer is loaded. With
+  Every check of the command line and of the workdir runs before the vocabularies are loaded. With
   --checkpoint=last a checkpoint that cannot be read is reported on stderr in one line and the
   next older one is used; a damaged checkpoint named any other way is refused.
 
@@ -123,11 +123,14 @@ def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
     if not checkpointer.all_steps():
       raise ValueError(f'no checkpoint in {checkpointer.directory}: train.py has not saved one yet')
     steps = checkpoint_steps(checkpointer, kind, number)
-    tokenizer_path = run_dir.path(workdir, run_dir.TOKENIZER_FILE)
-    if not tokenizer_path.exists():
-      raise ValueError(f'no {run_dir.TOKENIZER_FILE} in {workdir}: not a workdir written by train.py')
-    tokenizer = tokenizer_lib.Tokenizer(tokenizer_path)
-    model = train_state.build_model(config, tokenizer.vocab_size)
+    tokenizer_paths = {lang: run_dir.path(workdir, name)
+                       for lang, name in run_dir.tokenizer_files(config.data).items()}
+    for path in tokenizer_paths.values():
+      if not path.exists():
+        raise ValueError(f'no {path.name} in {workdir}: not a workdir written by train.py')
+    vocabularies = vocabularies_lib.load(tokenizer_paths, config.data)
+    model = train_state.build_model(config, vocabularies.source.vocab_size,
+                                    vocabularies.target.vocab_size)
     # With 'last', older checkpoints stand in for a damaged newest one.
     candidates = ([[step] for step in sorted(checkpointer.all_steps(), reverse=True)]
                   if kind == 'last' else [steps])
@@ -143,7 +146,7 @@ def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
           raise ValueError(f'{error}; other saved steps: {", ".join(map(str, others)) or "none"}') from None
         print(f'{error}; trying the next older checkpoint', file=sys.stderr, flush=True)
         continue
-      return Restored(config, tokenizer, model, variables, candidate_steps)
+      return Restored(config, vocabularies, model, variables, candidate_steps)
     raise ValueError(f'no checkpoint in {checkpointer.directory} can be restored')
   finally:
     checkpointer.close()

@@ -24,7 +24,7 @@ from training.console_lines import describe_data, describe_model, describe_valid
 from training.checkpointing import Checkpointer
 from training.evaluation import Evaluator
 from training.optimizer import make_optimizer
-from training.process_group import agreed, claim_run_folder, load_run_tokenizer
+from training.process_group import agreed, claim_run_folder, load_run_vocabularies
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -75,12 +75,13 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
     run_dir.write_source(workdir, fingerprint)
     logging.info('config:\n%s', config)
 
-  say('preparing data and tokenizer (minutes on a dataset\'s first use, then cached)')
-  tokenizer = load_run_tokenizer(workdir, config.data)
-  model = train_state.build_model(config, tokenizer.vocab_size)
+  say('preparing data and vocabularies (minutes on a dataset\'s first use, then cached)')
+  vocabularies = load_run_vocabularies(workdir, config.data)
+  model = train_state.build_model(config, vocabularies.source.vocab_size,
+                                  vocabularies.target.vocab_size)
   mesh = partitioning.make_mesh()
   train_iter = pipeline.make_train_iterator(
-      config.data, tokenizer, seed=config.train.seed, process_index=jax.process_index(),
+      config.data, vocabularies, seed=config.train.seed, process_index=jax.process_index(),
       process_count=jax.process_count(), batch_multiple=jax.local_device_count())
   steps_per_epoch = train_iter.batches_per_epoch
   max_steps = validation.total_steps(config.train, steps_per_epoch)
@@ -156,10 +157,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
       out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
   # Jitted, so every sum is its own buffer (the step donates them).
   new_window = jax.jit(train_state.empty_metrics_window, out_shardings=replicated)
-  evaluator = Evaluator(config, tokenizer, model, mesh,
+  evaluator = Evaluator(config, vocabularies, model, mesh,
                         jax.jit(functools.partial(train_state.eval_step, model=model)))
 
-  say(describe_data(config.data, train_iter, tokenizer))
+  say(describe_data(config.data, train_iter, vocabularies))
   length = (f'up to {max_steps} steps, as many as fit {budget_minutes} min (planned at step '
             f'{plan_at})' if plan_at else f'{total_steps} steps')
   say(describe_model(model, state.params, length, latest, microbatch_tokens))

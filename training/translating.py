@@ -60,11 +60,12 @@ def search_per_device(search, model: Transformer, settings: dict, mesh):
 class SplitTranslator:
   """Best hypotheses of a fixed list of batches, detokenised, in example order."""
 
-  def __init__(self, model: Transformer, tokenizer: Tokenizer, batches: list[dict], mesh,
+  def __init__(self, model: Transformer, target_tokenizer: Tokenizer, batches: list[dict], mesh,
                **settings):
-    """Args: batches from pipeline.make_eval_batches (every process the same); settings are
+    """Args: the target language's tokenizer, which decodes the hypotheses; batches from
+    pipeline.make_eval_batches (every process the same); settings are
     `model.translate.translate`'s keyword arguments (beam_size, length_penalty, ...)."""
-    self._tokenizer, self._batches, self._mesh = tokenizer, batches, mesh
+    self._target_tokenizer, self._batches, self._mesh = target_tokenizer, batches, mesh
     self._length_penalty = settings.get('length_penalty', 1.0)
     self._search = search_per_device(translate, model, settings, mesh)
     self._executables = {}
@@ -95,7 +96,7 @@ class SplitTranslator:
     for batch, tokens in zip(self._batches, outputs):
       for index, ids in zip(batch['example_index'], tokens):
         if index >= 0:
-          hypotheses[index] = hypothesis_text(self._tokenizer, ids)
+          hypotheses[index] = hypothesis_text(self._target_tokenizer, ids)
     return hypotheses, {'compile_s': compile_s, 'decode_s': decode_s,
                         'sentences_per_sec': len(hypotheses) / max(decode_s, 1e-9)}
 

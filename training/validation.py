@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from data import datasets, tokenizer
+from data import datasets, tokenizer, vocabularies
 from model.config import ModelConfig
 from training import time_budget
 from training.optimizer import make_optimizer
@@ -73,6 +73,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                      'positive number of words')
   if config.data.source_lang == config.data.target_lang:
     raise ValueError(f'config.data.source_lang and target_lang are both {config.data.source_lang!r}')
+  vocabularies.check_vocabulary(config.data)
+  if config.data.vocabulary == 'separate' and config.model.share_embeddings:
+    raise ValueError("config.data.vocabulary='separate' gives each language its own token ids, so "
+                     'config.model.share_embeddings=True would embed two words with one vector; set '
+                     'it to False')
   vocab = config.data.vocab_size
   ModelConfig.from_config(config.model, source_vocab_size=vocab, target_vocab_size=vocab)
   if config.optim.learning_rate <= 0:
