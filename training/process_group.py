@@ -23,11 +23,12 @@ def load_run_vocabularies(workdir: str, data_config) -> vocabularies_lib.Vocabul
   cache never race.
   """
   files = run_dir.tokenizer_files(data_config)
-  missing = {lang: run_dir.path(workdir, name) for lang, name in files.items()
-             if not run_dir.path(workdir, name).exists()}
+  # File name -> a language it encodes (a joint vocabulary's one file encodes both).
+  missing = {name: lang for lang, name in files.items() if not run_dir.path(workdir, name).exists()}
   if jax.process_index() == 0 and missing:
     cached = vocabularies_lib.get_vocabularies(data_config)
-    for lang, target in missing.items():
+    for name, lang in missing.items():
+      target = run_dir.path(workdir, name)
       temporary = target.with_name(target.name + '.tmp')
       cached.by_language[lang].model_path.copy(temporary, overwrite=True)
       temporary.replace(target)

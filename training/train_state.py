@@ -39,7 +39,6 @@ def build_model(config: ml_collections.ConfigDict, vocab_size: int,
       target_vocab_size=vocab_size if target_vocab_size is None else target_vocab_size))
 
 
-
 def create_train_state(model: Transformer, tx: optax.GradientTransformation, seed: int,
                        mesh: jax.sharding.Mesh | None = None) -> TrainState:
   """Initialises parameters from `seed`; with a `mesh`, under `jax.jit`, replicated over it.
