@@ -3,6 +3,7 @@
   SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --recipe=tiny
   SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --recipe=small --steps=120
   SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --recipe=small --pack_length=0 --max_tokens=4096
+  SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --vocabulary=separate
 
 Runs `training.trainer.train_and_evaluate` (the loop users run: the grain pipeline, batches with
 their real padding, the per-step host work) for `--steps` steps of a recipe matching
@@ -65,15 +66,19 @@ MICROBATCH_TOKENS = flags.DEFINE_integer('microbatch_tokens', None, 'config.trai
                                          'whole batch; default: by platform, 512 on a CPU).')
 DTYPE = flags.DEFINE_enum('dtype', 'float32', list(DTYPES), 'config.model.dtype: the compute dtype '
                           '(params, logits, softmax, norm statistics and the loss stay float32).')
+VOCABULARY = flags.DEFINE_enum('vocabulary', 'joint', list(vocabularies_lib.VOCABULARIES), 'config.data.vocabulary; '
+                               "'separate' also sets config.model.share_embeddings=False.")
 
 
 def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int | None = None,
                   microbatch_tokens: int | None = None, dtype: str = 'float32',
-                  max_tokens: int | None = None):
+                  max_tokens: int | None = None, vocabulary: str = 'joint'):
   """The :de_en preset (its data and batching) with the recipe's model and optimizer; None keeps
   the preset's pack_length and max_tokens."""
   config = multi30k.get_config('de_en')
   config.model.dtype = dtype
+  config.data.vocabulary = vocabulary
+  config.model.share_embeddings = vocabulary == 'joint'
   if pack_length is not None:
     config.data.pack_length = pack_length
   if max_tokens is not None:
@@ -129,7 +134,7 @@ def flops_per_target_token(config) -> float:
 def main(argv):
   del argv
   config = recipe_config(RECIPE.value, STEPS.value, LOG_EVERY.value, PACK_LENGTH.value,
-                         MICROBATCH_TOKENS.value, DTYPE.value, MAX_TOKENS.value)
+                         MICROBATCH_TOKENS.value, DTYPE.value, MAX_TOKENS.value, VOCABULARY.value)
   with tempfile.TemporaryDirectory() as scratch:
     report = measure(config, WORKDIR.value or scratch)
   report['recipe'] = RECIPE.value
@@ -137,6 +142,7 @@ def main(argv):
   report['max_tokens'] = config.data.max_tokens
   report['microbatch_tokens'] = train_state.microbatch_tokens(config)
   report['dtype'] = DTYPE.value
+  report['vocabulary'] = VOCABULARY.value
   report['matmul_flops_per_target_token'] = flops_per_target_token(config)
   report['model_gflops_per_sec'] = report['tokens_per_sec'] * report['matmul_flops_per_target_token'] / 1e9
   if jax.devices()[0].platform == 'cpu':
