@@ -91,7 +91,7 @@ def load_batches(data_config: ml_collections.ConfigDict, split: str, num_pairs: 
   """
   if data_config.vocabulary != 'joint':
     raise ValueError(f'config.data.vocabulary={data_config.vocabulary!r}: the analyses build their '
-                     f"models for one joint vocabulary; use 'joint'")
+                     "models for one joint vocabulary; use 'joint'")
   vocabularies = vocabularies_lib.get_vocabularies(data_config)
   pairs = pipeline.make_eval_batches(data_config, vocabularies, split, num_pairs,
                                      examples=num_pairs)[0]

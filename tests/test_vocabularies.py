@@ -12,6 +12,7 @@ from configs import base, smoke
 from data import datasets, pipeline, token_ids
 from data import tokenizer as tokenizer_lib
 from data import vocabularies as vocabularies_lib
+from analysis import experiment
 from training import partitioning, run_dir, trained_model, trainer, validation
 from tests.data_fixtures import multi30k_config  # pylint: disable=unused-import
 
@@ -131,6 +132,14 @@ def test_bad_vocabulary_settings_are_named_before_anything_is_built(overrides, m
   config.update_from_flattened_dict(overrides)
   with pytest.raises(ValueError, match=f'^{message}$'):
     validation.check_config(config)
+
+
+def test_the_analyses_refuse_separate_vocabularies_before_preparing_anything(tmp_path):
+  config = base.get_config().data
+  config.update(vocabulary='separate', cache_dir=str(tmp_path / 'cache'))
+  with pytest.raises(ValueError, match=r"^config.data.vocabulary='separate': the analyses build "):
+    experiment.load_batches(config, 'validation', 8, batch_size=8)
+  assert not (tmp_path / 'cache').exists()
 
 
 def test_a_run_with_separate_vocabularies_trains_and_eval_reads_sources_with_the_source_one(
