@@ -69,9 +69,13 @@ def languages_of_models(data_config) -> dict[str, str | None]:
 
 
 def get_vocabularies(data_config) -> Vocabularies:
-  """The cached vocabularies of `data_config`, each trained first if absent."""
-  return load({lang: tokenizer_lib.get_tokenizer(data_config, model_language).model_path
-               for lang, model_language in languages_of_models(data_config).items()}, data_config)
+  """The cached vocabularies of `data_config`, each trained first if absent and loaded once."""
+  models = languages_of_models(data_config)
+  loaded = {model_language: tokenizer_lib.get_tokenizer(data_config, model_language)
+            for model_language in set(models.values())}
+  source_lang, target_lang = datasets.language_pair(data_config)
+  return Vocabularies({lang: loaded[model_language] for lang, model_language in models.items()},
+                      source_lang, target_lang)
 
 
 def load(paths: dict[str, str | os.PathLike], data_config) -> Vocabularies:

@@ -14,21 +14,21 @@ from data import tokenizer as tokenizer_lib
 from data import vocabularies as vocabularies_lib
 from analysis import experiment
 from training import partitioning, run_dir, trained_model, trainer, validation
+from tests import data_fixtures
 from tests.data_fixtures import multi30k_config  # pylint: disable=unused-import
 
 
 @functools.cache
 def _vocabularies(cache_dir: str, source_dir: str, vocabulary: str, source_lang: str,
                   target_lang: str) -> vocabularies_lib.Vocabularies:
-  config = _config(cache_dir, source_dir, vocabulary, source_lang, target_lang)
-  return vocabularies_lib.get_vocabularies(config)
+  return vocabularies_lib.get_vocabularies(
+      _config(cache_dir, source_dir, vocabulary, source_lang, target_lang))
 
 
 def _config(cache_dir, source_dir, vocabulary, source_lang, target_lang):
-  config = base.get_config().data
-  config.update(cache_dir=cache_dir, source_dir=source_dir, vocab_size=1000, vocab_type='bpe',
-                vocabulary=vocabulary, source_lang=source_lang, target_lang=target_lang)
-  return config
+  """data_fixtures' test vocabulary settings (1,000 BPE pieces) with these fields."""
+  return data_fixtures.data_config(cache_dir=cache_dir, source_dir=source_dir, vocabulary=vocabulary,
+                                   source_lang=source_lang, target_lang=target_lang)
 
 
 def config_and_vocabularies(multi30k_config, vocabulary, source_lang='en', target_lang='de'):
