@@ -41,15 +41,28 @@ from training import command_line, partitioning, run_dir, run_log, trained_model
 
 
 def decoding_settings(config: ml_collections.ConfigDict, flag_settings: dict,
-                      batch_size: int | None) -> tuple[dict, int]:
-  """`translate` keyword arguments and batch size: the flags, or the config where a flag is None."""
+                      batch_size: int | None, platform: str) -> tuple[dict, int]:
+  """`translate` keyword arguments and batch size: the flags, or the config where a flag is None.
+
+  An unset --smallest_batch depends on `platform` (jax.default_backend()): on a CPU the search
+  drops finished sentences down to 8 a batch, which saves their arithmetic; elsewhere it keeps
+  one loop of the whole batch. On an H200 (docs/performance.md, "Third device session") the
+  halvings' extra loops cost 2.5x the compile time (60 s against 24 s for test_2016) and saved
+  nothing in decoding (0.6 s against 0.4 s).
+  """
   settings = dict(flag_settings)
   for name in ('beam_size', 'length_penalty'):
     if settings[name] is None:
       settings[name] = config.eval[name]
   batch_size = batch_size or config.data.eval_batch_size
   translating.check_batch_size(batch_size, '--batch_size')
+  if settings['smallest_batch'] is None:
+    settings['smallest_batch'] = _CPU_SMALLEST_BATCH if platform == 'cpu' else batch_size
   return settings, batch_size
+
+
+# Fewest sentences a CPU search cuts a batch down to when --smallest_batch is not given.
+_CPU_SMALLEST_BATCH = 8
 
 
 # Fewest sentences of a batch per CPU device that eval.py's default split keeps: on the 2-core
@@ -193,10 +206,11 @@ def define_flags() -> None:
                        'this is a.', lower_bound=0)
   flags.DEFINE_float('max_length_b', 1.2, 'b of the length limit a + b * source length.',
                      lower_bound=0.0)
-  flags.DEFINE_integer('smallest_batch', 8, 'Beam search drops finished sentences from a batch '
-                       'in halvings down to this many (one compiled search loop per halving); '
-                       '--smallest_batch at or above --batch_size compiles a single loop: '
-                       'faster to start, slower to decode.', lower_bound=1)
+  flags.DEFINE_integer('smallest_batch', None, 'Beam search drops finished sentences from a '
+                       'batch in halvings down to this many (one compiled search loop per '
+                       'halving); at or above --batch_size it compiles a single loop: faster to '
+                       'start, slower to decode on a CPU (default: 8 on a CPU, else --batch_size).',
+                       lower_bound=1)
   flags.DEFINE_integer('cpu_devices', 0, 'Devices the CPU is split into, each searching its own '
                        'rows of a batch (0: one per core while each gets at least 16 sentences).',
                        lower_bound=0)
@@ -223,7 +237,8 @@ def main(argv):
     # reused by every later eval of a model of this shape.
     jax.config.update('jax_compilation_cache_dir', str(datasets.compilation_cache_dir(config.data)))
     run = trained_model.restore(workdir, split, checkpoint, mesh)
-    settings, batch_size = decoding_settings(run.config, flag_settings, args.batch_size)
+    settings, batch_size = decoding_settings(run.config, flag_settings, args.batch_size,
+                                             jax.default_backend())
     if lines is not None:
       results = translate_lines(run, lines, settings, batch_size, args.nbest, mesh)
   except ValueError as error:

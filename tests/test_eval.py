@@ -242,6 +242,18 @@ def test_hypotheses_do_not_depend_on_how_the_cpu_is_split(smoke_run, one_device_
   assert (tmp_path / f'{SPLIT}.hyp.txt').read_text() == reference and len(reference.splitlines()) == 461
 
 
+def test_unset_smallest_batch_is_8_on_a_cpu_and_the_whole_batch_elsewhere():
+  """On a CPU the halvings save arithmetic; on a GPU they only add compiled loops."""
+  config = base.get_config()
+  flag_settings = {'beam_size': None, 'length_penalty': None, 'smallest_batch': None}
+  for platform, expected in (('cpu', 8), ('gpu', 96), ('tpu', 96)):
+    settings, batch_size = eval_lib.decoding_settings(config, flag_settings, 96, platform)
+    assert (settings['smallest_batch'], batch_size) == (expected, 96)
+    assert settings['beam_size'] == config.eval.beam_size
+  settings, _ = eval_lib.decoding_settings(config, dict(flag_settings, smallest_batch=16), 96, 'gpu')
+  assert settings['smallest_batch'] == 16
+
+
 def test_scores_of_imperfect_hypotheses_equal_sacrebleu(smoke_run):
   """Non-trivial scores, which the smoke model's hypotheses are not."""
   _, config = smoke_run
