@@ -134,7 +134,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Training length in epochs over the training split; overrides num_steps when > 0.
   train.num_epochs = 0
   # Wall-clock minutes the whole run may take (0: no limit): at the end of warmup the run plans the
-  # most steps, up to num_steps / num_epochs, that end within them (training/time_budget.py).
+  # most steps, up to num_steps / num_epochs, that end within them, and again at every later
+  # validation (training/budget_plan.py).
   train.time_budget_minutes = 0.0
   # Seed of parameter init, data order and dropout.
   train.seed = 0

@@ -20,8 +20,9 @@ Presets (after the colon), each direction with the recipe that won on its own va
 The 9600 steps were sized on the Zen 5 VM. On an Intel Xeon VM (2026-11-26) an :en_de epoch took
 ~97 s instead of ~46 s, so 9600 steps would take ~1 h 45 min there; both hour presets therefore
 carry train.time_budget_minutes=60: at the end of warmup (step 400) a run times its steps, one
-validation and one checkpoint, and trains the most steps up to 9600 that end within the hour
-(training/time_budget.py). On the Zen 5 VM that is all 9600, by those runs' times. On the Xeon VM
+validation and one checkpoint, and trains the most steps up to 9600 that end within the hour;
+each later validation (every 2400 steps) plans again from the steps timed since
+(training/budget_plan.py). On the Zen 5 VM that is all 9600, by those runs' times. On the Xeon VM
 De->En planned 4957 and 4545 steps; test_2016 tokenized BLEU 42.88 and 41.77 (seeds 0 and 1,
 docs/results.md 7); En->De planned 4711 and ended at 4650: 39.35 (seed 0).
 --config.train.time_budget_minutes=0 trains all 9600 wherever the hour allows it or not.
@@ -76,7 +77,8 @@ def _tiny_hour(config):
   config.model.dropout_rate = 0.3
   config.train.update(num_steps=9600, eval_every=2400, checkpoint_every=400)
   # The hour is the issue's budget on 2 cores: where 9600 steps would not fit it (an Intel Xeon VM
-  # takes ~1 h 45 min for them), the run plans fewer at the end of warmup and its cosine ends there.
+  # takes ~1 h 45 min for them), the run plans fewer at the end of warmup and its cosine ends there
+  # (moved at each later validation where the steps since say so).
   config.train.time_budget_minutes = 60.0
   # Validation, beam 5, last checkpoint, tokenized BLEU at length penalty 0.6 / 1.0 / 1.4:
   # En->De 41.13 / 41.48 / 41.30, De->En 43.57 / 43.64 / 42.69. Averaging the last 5 checkpoints

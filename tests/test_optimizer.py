@@ -60,6 +60,59 @@ def test_schedule_matches_closed_form(name, warmup, length_traced):
                              rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.parametrize('name', ['inverse_sqrt', 'cosine', 'linear', 'constant', 'step'])
+def test_a_fixed_run_length_as_the_compiled_step_takes_it_is_the_int_lengths_schedule(name):
+  """The trainer passes RunLength.fixed(T) as float32 scalars where it passed T as an int32: a run
+  never revised keeps its learning rates, to float32 rounding (XLA may fuse the two programs'
+  arithmetic differently: linear's warmup differs in the last bit on this CPU)."""
+  optim = _optim(schedule=name, warmup_steps=10, decay_epochs=(2, 5), decay_factor=0.5)
+  counts = jnp.arange(120, dtype=jnp.int32)
+  by_int = jax.jit(lambda length: jax.vmap(optimizer.make_schedule(
+      optim, steps_per_epoch=10, total_steps=length))(counts))(jnp.int32(110))
+  by_run_length = jax.jit(lambda length: jax.vmap(optimizer.make_schedule(
+      optim, steps_per_epoch=10, total_steps=length))(counts))(
+          optimizer.RunLength(*(jnp.float32(value) for value in optimizer.RunLength.fixed(110))))
+  np.testing.assert_allclose(np.asarray(by_run_length), np.asarray(by_int), rtol=1e-6, atol=0)
+  np.testing.assert_allclose(np.asarray(by_run_length),
+                             _reference(name, np.arange(120), warmup=10, total=110),
+                             rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize('new_end', [150, 80])
+@pytest.mark.parametrize('name', ['cosine', 'linear'])
+def test_a_revised_run_length_moves_the_rest_of_the_decay_onto_the_steps_left(name, new_end):
+  """Revised at step 40 of 110 (warmup 10), the schedule from 40 on is the old one's rest, from
+  where it was, spread over the steps to `new_end`: continuous at 40, 0 at the new end (to
+  float32 rounding; no update uses that step's rate)."""
+  optim = _optim(schedule=name, warmup_steps=10)
+  length = optimizer.RunLength.fixed(110).revised(40, new_end)
+  assert length == (110, 40, 40.0, new_end)
+  counts = np.arange(40, new_end + 5)
+  values = _evaluate(optimizer.make_schedule(optim, steps_per_epoch=None, total_steps=length), counts)
+  position = 40 + (counts - 40) * (110 - 40) / (new_end - 40)  # where the old schedule is
+  np.testing.assert_allclose(values, _reference(name, position, warmup=10, total=110),
+                             rtol=1e-5, atol=1e-9)
+  old = _evaluate(optimizer.make_schedule(optim, steps_per_epoch=None, total_steps=110), [40])
+  assert values[0] == old[0] and values[new_end - 40] < 1e-7 * PEAK and np.all(np.diff(values) <= 0)
+  # A second revision goes on from where the first one had brought the schedule.
+  again = length.revised(60, 70)
+  assert again.revised_from == pytest.approx(40 + 20 * 70 / (new_end - 40))
+  after = _evaluate(optimizer.make_schedule(optim, steps_per_epoch=None, total_steps=again), [60, 70])
+  before = _evaluate(optimizer.make_schedule(optim, steps_per_epoch=None, total_steps=length), [60])
+  assert after[0] == pytest.approx(before[0], rel=1e-6) and after[1] < 1e-7 * PEAK
+  with pytest.raises(ValueError, match='must end after it'):
+    length.revised(60, 60)
+
+
+def test_a_revised_run_length_leaves_schedules_that_do_not_end_alone():
+  optim = _optim(schedule='inverse_sqrt', warmup_steps=10)
+  length = optimizer.RunLength.fixed(110).revised(40, 200)
+  counts = np.arange(0, 200, 7)
+  assert np.array_equal(
+      _evaluate(optimizer.make_schedule(optim, steps_per_epoch=None, total_steps=length), counts),
+      _evaluate(optimizer.make_schedule(optim, steps_per_epoch=None, total_steps=110), counts))
+
+
 def test_inverse_sqrt_is_fairseq_after_warmup():
   schedule = optimizer.make_schedule(
       _optim(schedule='inverse_sqrt', warmup_steps=4000), steps_per_epoch=None,

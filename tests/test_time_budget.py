@@ -111,17 +111,3 @@ def test_a_run_stops_where_the_next_check_then_a_validation_and_a_save_would_pas
   kwargs = dict(budget_seconds=3600, steps_to_next_check=50)
   assert not time_budget.must_stop(COSTS, elapsed_seconds=edge, **kwargs)
   assert time_budget.must_stop(COSTS, elapsed_seconds=edge + 0.5, **kwargs)
-
-
-def test_the_last_recorded_plan_and_its_costs_are_read_back_from_the_records():
-  records = [{'step': 10, 'train_loss': 3.0}, {'step': 20, **time_budget.plan_record(77, COSTS, 12.5)},
-             {'step': 30, 'train_loss': 2.0}]
-  assert time_budget.recorded_plan(records) == (77, COSTS)
-  assert records[1]['planned_from_elapsed_seconds'] == 12.5
-  # Cut short at step 40 (training/trainer.py's early end): the later record wins.
-  cut = records + [{'step': 40, **time_budget.plan_record(40, COSTS, 3590.0)}]
-  assert time_budget.recorded_plan(cut) == (40, COSTS)
-  assert time_budget.recorded_plan(records[:1] + records[2:]) == (0, None)
-  # Written before 2026-11-27, with the seconds of a recompilation that plans no longer count.
-  older = {'step': 20, **time_budget.plan_record(77, COSTS, 12.5), 'planned_from_compile_seconds': 30.0}
-  assert time_budget.recorded_plan([older]) == (77, COSTS)

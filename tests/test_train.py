@@ -154,6 +154,47 @@ def test_a_budgeted_run_trains_the_length_it_planned_at_warmup_end_and_keeps_it_
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['20', '26']
 
 
+def test_a_later_plan_moves_the_end_stretches_the_rest_of_the_schedule_and_survives_resume(
+    tmp_path, data_cache, monkeypatch):
+  # Plans fixed by step: 32 at warmup's end (20), then 36 at the validation of step 30, ten steps
+  # after the first plan. A run stopped at step 33 resumes from the step-30 checkpoint, reads the
+  # later plan back and ends bitwise where the uninterrupted run did.
+  ends = {20: 32, 30: 36}
+  plans = []
+
+  def plan_length(costs, **inputs):
+    plans.append(inputs['step'])
+    return ends[inputs['step']]
+
+  monkeypatch.setattr(time_budget, 'plan_length', plan_length)
+  config = budget_test_config(data_cache, num_steps=40, time_budget_minutes=60.0)
+  config.train.update(eval_every=15, checkpoint_every=15)
+  uninterrupted = trainer.train_and_evaluate(config, str(tmp_path / 'uninterrupted'))
+  assert int(uninterrupted.step) == 36 and plans == [20, 30]
+  records = read_jsonl(tmp_path / 'uninterrupted' / 'metrics.jsonl')
+  later = [r for r in records if 'planned_steps' in r][1]
+  assert (later['step'], later['planned_steps']) == (30, 36)
+  assert [later[f'schedule_{name}'] for name in ('horizon', 'revised_at', 'revised_from', 'last_step')] == [32, 30, 30.0, 36]
+  # The logged rate is the one the step's update used (count = step - 1): the cosine made for 32
+  # steps (warmup 20) until step 30, then its rest spread over steps 30-36.
+  peak = config.optim.learning_rate
+  cosine = lambda position: peak * 0.5 * (1 + np.cos(np.pi * (position - 20) / (32 - 20)))
+  rates = {r['step']: r['learning_rate'] for r in records if 'learning_rate' in r}
+  assert rates[28] == pytest.approx(cosine(27), rel=1e-5)
+  for step in (32, 36):
+    assert rates[step] == pytest.approx(cosine(30 + (step - 1 - 30) * (32 - 30) / (36 - 30)), rel=1e-5)
+  assert sorted(os.listdir(tmp_path / 'uninterrupted' / 'checkpoints')) == ['30', '36']  # keeps 2
+
+  workdir = str(tmp_path / 'resumed')
+  trainer.train_and_evaluate(config, workdir, stop_after_steps=33)
+  resumed = trainer.train_and_evaluate(config, workdir)
+  assert plans == [20, 30, 20, 30]  # the resumed invocation planned nothing
+  assert int(resumed.step) == 36
+  assert params_equal_bitwise(resumed.params, uninterrupted.params)
+  assert params_equal_bitwise(resumed.opt_state, uninterrupted.opt_state)
+  assert_same_records(workdir, tmp_path / 'uninterrupted')
+
+
 def test_a_run_behind_its_budget_ends_early_with_a_validation_and_a_checkpoint(
     tmp_path, data_cache, monkeypatch):
   # A plan of all 40 steps against a budget of 0.6 s, spent before the plan: at the first log step

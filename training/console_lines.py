@@ -1,10 +1,11 @@
-"""The console's lines about a run: its data, its model and length, each validation."""
+"""The console's lines about a run: its data, its model and length, each validation, its plans."""
 
 import jax
 
 from data import datasets, pipeline, vocabularies as vocabularies_lib
 from model import flops as flops_lib
 from model.transformer import Transformer
+from training.budget_plan import BudgetPlan
 
 
 def describe_data(data_config, train_iter: pipeline.TrainIterator,
@@ -44,3 +45,22 @@ def describe_validation(step: int, metrics: dict, best: dict) -> str:
   best['bleu'] = max(best['bleu'], metrics['bleu'])
   return (f'step {step}: validation loss {metrics["eval_loss"]:.3f} (best {best["eval_loss"]:.3f}), '
           f'greedy BLEU {metrics["bleu"]:.2f} (best {best["bleu"]:.2f})')
+
+
+def describe_plan(plan: BudgetPlan, step: int, *, budget_minutes: float, elapsed_seconds: float,
+                  before: int | None, eval_compile_seconds: float = 0.0) -> str | None:
+  """The console's line for a budgeted run's plan at `step`: the first (before None), or a later
+  one that moved the end from `before`; None for a later one that kept it."""
+  costs, end = plan.costs, plan.end_step
+  spent = f'time budget {budget_minutes} min: {elapsed_seconds / 60:.1f} min spent by step {step}'
+  ends = f'after ~{(elapsed_seconds + plan.seconds_left(step)) / 60:.1f} min'
+  if before is None:
+    return (f'{spent}; a step takes {costs.step_seconds:.3f} s, a validation '
+            f'{costs.eval_seconds:.1f} s (the first also compiled for {eval_compile_seconds:.1f} s), '
+            f'a checkpoint {costs.save_seconds:.1f} s: the run ends at step {end} of at most '
+            f'{plan.max_steps}, {ends}')
+  if end == before:
+    return None
+  return (f'{spent}; steps took {costs.step_seconds:.3f} s since the last plan, so the run ends at '
+          f'step {end} instead of {before}, {ends}; the rest of the schedule is '
+          f'{"stretched" if end > before else "squeezed"} to end there')

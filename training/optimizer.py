@@ -19,11 +19,14 @@ W = 0 skips the warmup, so every schedule starts at P.
 
 T may be a traced scalar: the trainer's compiled step takes the run's length
 as an argument, so a length planned mid-run (training/time_budget.py), or runs
-that differ only in length, reuse one compiled program.
+that differ only in length, reuse one compiled program. A `RunLength` instead
+of T also says where a time budget's later plan moved the end of a run whose
+schedule was made for T (cosine and linear only).
 """
 
 import collections
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +34,42 @@ import ml_collections
 import optax
 
 from model.choices import lookup
+
+class RunLength(NamedTuple):
+  """A run's length as its learning-rate schedule sees it.
+
+  The schedule was made for `horizon` steps. A later plan of a budgeted run (training/budget_plan.py)
+  moves the end to `last_step` at step `revised_at`, where the schedule had reached position
+  `revised_from`: from there the rest of the schedule is stretched (or squeezed) over the steps
+  left, so the learning rate stays continuous and reaches 0 at `last_step` instead of jumping to
+  another horizon's value. Never revised: revised_at = revised_from = 0 and last_step = horizon.
+  Python numbers on the host; float32 scalars as the compiled step's argument (a pytree).
+  """
+  horizon: int | float | jax.Array
+  revised_at: int | float | jax.Array
+  revised_from: int | float | jax.Array
+  last_step: int | float | jax.Array
+
+  @classmethod
+  def fixed(cls, steps: int) -> 'RunLength':
+    return cls(steps, 0, 0, steps)
+
+  def position(self, count):
+    """The schedule's step at optimizer step `count` >= revised_at (earlier counts followed earlier
+    lengths): exactly `count` while the pace is 1 (never revised), and the horizon from
+    `last_step` on."""
+    steps_left = self.last_step - self.revised_at
+    schedule_left = self.horizon - self.revised_from
+    paced = jnp.where(steps_left == schedule_left, count - self.revised_at + self.revised_from,
+                      self.revised_from + (count - self.revised_at) * (schedule_left / steps_left))
+    return jnp.where(count >= self.last_step, self.horizon, paced)
+
+  def revised(self, at_step: int, last_step: int) -> 'RunLength':
+    """This length with its end moved to `last_step` (> at_step) from `at_step` on."""
+    if last_step <= at_step:
+      raise ValueError(f'a run revised at step {at_step} must end after it, not at {last_step}')
+    return RunLength(self.horizon, at_step, self.position(at_step), last_step)
+
 
 # Builds the part of a schedule after warmup; it counts steps from the end of warmup.
 _DecayBuilder = Callable[[ml_collections.ConfigDict, int | jax.Array, int | None], optax.Schedule]
@@ -131,7 +170,7 @@ def make_schedule(
     optim_config: ml_collections.ConfigDict,
     *,
     steps_per_epoch: int | None,
-    total_steps: int | jax.Array,
+    total_steps: int | jax.Array | RunLength,
 ) -> optax.Schedule:
   """Returns the learning rate as a function of the optimizer step.
 
@@ -142,7 +181,9 @@ def make_schedule(
     total_steps: Optimizer steps of the whole run; 'cosine' and 'linear' reach 0
       there. A Python int, or a traced integer scalar inside a compiled step; the
       checks on it run only for an int, so build the optimizer once with the int
-      before tracing it with the scalar.
+      before tracing it with the scalar. Or a `RunLength` (of either kind): the
+      schedule of its horizon, revised as it says ('cosine' and 'linear'; the
+      other schedules do not depend on the length).
 
   Returns:
     An optax schedule, jit-compatible.
@@ -151,6 +192,9 @@ def make_schedule(
     ValueError: for an unknown `optim.schedule`, a negative warmup, a decaying
       schedule no longer than its warmup, or 'step' decay without steps_per_epoch.
   """
+  length = total_steps if isinstance(total_steps, RunLength) else None
+  if length is not None:
+    total_steps = length.horizon
   build_decay = lookup(_SCHEDULES, optim_config.schedule, 'config.optim.schedule')
   warmup_steps = optim_config.warmup_steps
   if warmup_steps < 0:
@@ -162,6 +206,10 @@ def make_schedule(
         f' needs more total steps than config.optim.warmup_steps={warmup_steps}'
         f' (total steps: {total_steps}).')
   decay = build_decay(optim_config, decay_steps, steps_per_epoch)
+  if length is not None and optim_config.schedule in _DECAYS_TO_ZERO:
+    # Warmup keeps optax's int count (revisions come after it); the decay counts from its end.
+    decay_of_horizon = decay
+    decay = lambda count: decay_of_horizon(length.position(count + warmup_steps) - warmup_steps)
   if warmup_steps == 0:
     return decay
   warmup = optax.linear_schedule(0.0, optim_config.learning_rate, warmup_steps)
@@ -172,7 +220,7 @@ def make_optimizer(
     optim_config: ml_collections.ConfigDict,
     *,
     steps_per_epoch: int | None,
-    total_steps: int | jax.Array,
+    total_steps: int | jax.Array | RunLength,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Returns the optimizer of `config.optim` and the schedule driving it.
 

@@ -45,6 +45,14 @@ def agreed(value: int) -> int:
   return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
 
 
+def agreed_numbers(values: tuple[float, ...]) -> tuple[float, ...]:
+  """Process 0's `values` on every process, as float32 (exact for integers below 2**24)."""
+  if jax.process_count() == 1:
+    return tuple(values)
+  return tuple(float(value) for value in
+               multihost_utils.broadcast_one_to_all(np.asarray(values, np.float32)))
+
+
 @contextlib.contextmanager
 def claim_run_folder(workdir: str):
   """Holds `workdir`'s RunLock for the block: taken by process 0, honoured by every process."""

@@ -8,13 +8,12 @@ ends: it times the steps of the second half of warmup, then one validation (less
 that later validations reuse, training/compile_clock.py) and one checkpoint, and plans the most
 steps whose training, validations and checkpoints end within the budget, less a reserve. The
 length is an argument of the compiled step (training/trainer.py), so the planned schedule needs no
-new compilation. num_steps / num_epochs stay the upper bound. The plan is a metrics record, so a
-resumed run keeps the length it planned.
+new compilation. num_steps / num_epochs stay the upper bound.
 
-Step time drifts on a shared machine (epochs of one Xeon VM run took 91-141 s), so after the plan
-the run checks the clock at every log step and ends early, with its validation and checkpoint,
-where the next log step would come too late (`must_stop`): the budget holds, at the price of a
-learning rate not yet at 0.
+Step time drifts on a shared machine (epochs of one Xeon VM run took 91-141 s), so the run plans
+again at every later validation, from the steps timed since, and between plans checks the clock at
+every log step: it ends early, with its validation and checkpoint, where the next log step would
+come too late (`must_stop`). training/budget_plan.py keeps the plans through the run.
 """
 
 import dataclasses
@@ -104,24 +103,3 @@ def must_stop(costs: Costs, *, budget_seconds: float, elapsed_seconds: float,
   validation and a checkpoint, would end past the budget (less what the loop's clock does not see)."""
   return (elapsed_seconds + steps_to_next_check * costs.step_seconds + costs.eval_seconds
           + costs.save_seconds) > budget_seconds - UNTIMED_SECONDS
-
-
-_RECORD_PREFIX = 'planned_from_'
-
-
-def plan_record(planned_steps: int, costs: Costs, elapsed_seconds: float) -> dict:
-  """The metrics record of a plan: the length, and the measurements it came from."""
-  return {'planned_steps': planned_steps, f'{_RECORD_PREFIX}elapsed_seconds': elapsed_seconds,
-          **{_RECORD_PREFIX + field.name: getattr(costs, field.name)
-             for field in dataclasses.fields(Costs)}}
-
-
-def recorded_plan(records: list[dict]) -> tuple[int, Costs | None]:
-  """The length last planned in a run's earlier records (metrics.jsonl), cut short where the run
-  ended early, and its costs; (0, None) if none. Older records also hold the seconds of the
-  recompilation that plans used to count (`planned_from_compile_seconds`), read past here."""
-  for record in reversed(records):
-    if 'planned_steps' in record:
-      return record['planned_steps'], Costs(**{field.name: record[_RECORD_PREFIX + field.name]
-                                                for field in dataclasses.fields(Costs)})
-  return 0, None

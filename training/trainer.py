@@ -18,13 +18,13 @@ import optax
 from jax.experimental import multihost_utils
 
 from data import datasets, pipeline
-from training import (compile_clock, partitioning, run_dir, run_log, stop_signals, time_budget,
+from training import (budget_plan, compile_clock, partitioning, run_dir, run_log, stop_signals,
                       train_state, validation)
-from training.console_lines import describe_data, describe_model, describe_validation
+from training.console_lines import describe_data, describe_model, describe_plan, describe_validation
 from training.checkpointing import Checkpointer
 from training.evaluation import Evaluator
-from training.optimizer import make_optimizer
-from training.process_group import agreed, claim_run_folder, load_run_vocabularies
+from training.optimizer import RunLength, make_optimizer
+from training.process_group import agreed, agreed_numbers, claim_run_folder, load_run_vocabularies
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -85,7 +85,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
       process_count=jax.process_count(), batch_multiple=jax.local_device_count())
   steps_per_epoch = train_iter.batches_per_epoch
   max_steps = validation.total_steps(config.train, steps_per_epoch)
-  total_steps = max_steps  # less when a time budget plans fewer (training/time_budget.py)
+  total_steps = max_steps  # less when a time budget plans fewer (training/budget_plan.py)
   # The optimizer state's structure does not depend on the run's length (the step's argument, below).
   tx, _ = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
   state = train_state.create_train_state(model, tx, config.train.seed, mesh)
@@ -114,28 +114,31 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
   # Made by a jitted call, so that every process holds its replica (as with the state).
   dropout_key = jax.jit(lambda: jax.random.PRNGKey(config.train.seed + 1), out_shardings=replicated)()
 
-  def set_length(length: int) -> tuple[optax.Schedule, jax.Array]:
-    """The schedule of a run of `length` steps (checked; for the records), and `length` as the
-    compiled step's argument, made as dropout_key is and for the same reasons."""
+  def set_length(length: RunLength) -> tuple[optax.Schedule, RunLength]:
+    """The schedule of a run of `length` (checked; for the records), and `length` as the compiled
+    step's argument (float32 scalars), made as dropout_key is and for the same reasons."""
     _, schedule = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch, total_steps=length)
-    return schedule, jax.jit(lambda: jnp.int32(length), out_shardings=replicated)()
+    return schedule, jax.jit(lambda: RunLength(*(jnp.float32(value) for value in length)),
+                             out_shardings=replicated)()
 
   microbatch_tokens = train_state.microbatch_tokens(config)
   step = int(state.step)
   writer = run_log.MetricsWriter(workdir, is_primary=is_primary, start_step=step)
   budget_minutes = config.train.time_budget_minutes
   warmup_steps = config.optim.warmup_steps
-  # The length a budgeted run planned before it was stopped, and the costs it planned with
-  # (process 0 reads the records; only its clock decides when to stop early).
-  planned, plan_costs = (time_budget.recorded_plan(writer.previous_records) if budget_minutes
-                         else (0, None))
-  planned = agreed(planned)
-  if planned:
-    total_steps = min(max_steps, planned)
-  schedule, schedule_length = set_length(total_steps)
+  # A budgeted run's plans, the latest one read back on resume (process 0 reads the records; only
+  # its clock decides when to stop early).
+  plan = budget_plan.BudgetPlan.of(config.train, max_steps)
+  if budget_minutes:
+    plan.resume(writer.previous_records if is_primary else [])
+    plan.agree(agreed_numbers)
+  if plan.planned:
+    total_steps = min(max_steps, plan.end_step)
+  schedule, schedule_length = set_length(plan.length or RunLength.fixed(total_steps))
   # The step whose end fixes a budgeted run's length: the end of warmup, timed from its middle.
-  plan_at = warmup_steps if budget_minutes and not planned and step < warmup_steps < max_steps else None
-  if budget_minutes and not planned and step >= warmup_steps and max_steps > warmup_steps:
+  plan_at = (warmup_steps if budget_minutes and not plan.planned and step < warmup_steps < max_steps
+             else None)
+  if budget_minutes and not plan.planned and step >= warmup_steps and max_steps > warmup_steps:
     say(f'train.time_budget_minutes={budget_minutes}: no length was planned before step {step} '
         f'(the end of warmup, {warmup_steps}), so the run goes on to step {max_steps}')
 
@@ -191,9 +194,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
   compiled = set()  # the shapes jit_train_step has compiled
   previous_step_done = None  # the step number output of the step dispatched before
   paused = 0.0  # seconds of this invocation spent compiling, validating and saving
-  # Where a budgeted run starts timing its steps: (step, wall clock, paused) at the middle of
-  # warmup, or where this invocation starts if later.
-  timing_mark = (step, time.perf_counter(), paused) if plan_at and step >= plan_at // 2 else None
+  # A budgeted run times its steps from the middle of warmup, or from where this invocation
+  # starts if later, and after each plan from the plan.
+  if (plan_at and step >= plan_at // 2) or plan.planned:
+    plan.start_timing(step, time.perf_counter(), paused)
 
   def settle() -> dict:
     """Waits for the queued steps; returns their metrics window, or stops a run gone non-finite.
@@ -226,41 +230,30 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
              'run_seconds': run_seconds()}
     checkpointer.save(at_step, state, extra, metrics=metrics, force=force)
 
-  def fit_to_budget(steps_end: float, eval_seconds: float, eval_compile_seconds: float,
-                    save_seconds: float) -> tuple[int, time_budget.Costs]:
-    """Plans the run's length from its timed warmup steps (ending at `steps_end`), validation and save."""
-    mark_step, mark_time, mark_paused = timing_mark
-    costs = time_budget.Costs(
-        step_seconds=(steps_end - mark_time - (paused - mark_paused)) / (step - mark_step),
-        eval_seconds=eval_seconds, save_seconds=save_seconds)
-    elapsed = run_seconds()
-    planned = agreed(time_budget.plan_length(
-        costs, budget_seconds=budget_minutes * 60, elapsed_seconds=elapsed, step=step,
-        max_steps=max_steps, eval_every=config.train.eval_every,
-        checkpoint_every=config.train.checkpoint_every))
-    ends = elapsed + time_budget.seconds_left(costs, step=step, last_step=planned,
-                                              eval_every=config.train.eval_every,
-                                              checkpoint_every=config.train.checkpoint_every)
-    writer.write(step, {**time_budget.plan_record(planned, costs, elapsed),
-                        'eval_compile_seconds': eval_compile_seconds})
-    say(f'time budget {budget_minutes} min: {elapsed / 60:.1f} min spent by step {step}; a step '
-        f'takes {costs.step_seconds:.3f} s, a validation {eval_seconds:.1f} s (the first also '
-        f'compiled for {eval_compile_seconds:.1f} s), a checkpoint {save_seconds:.1f} s: the run '
-        f'ends at step {planned} of at most {max_steps}, after ~{ends / 60:.1f} min')
-    return planned, costs
+  def make_plan(clock: float, eval_seconds: float, save_seconds: float, elapsed: float,
+                extra: dict) -> bool:
+    """Plans the run's end at this step (budget_plan.py), from the steps timed up to `clock`, then
+    records and says it; returns whether the end moved."""
+    before = plan.plan(step, clock=clock, paused=paused, elapsed_seconds=elapsed,
+                       eval_seconds=eval_seconds, save_seconds=save_seconds, agree=agreed)
+    writer.write(step, {**plan.record(elapsed), **extra})
+    line = describe_plan(plan, step, budget_minutes=budget_minutes, elapsed_seconds=elapsed,
+                         before=before, eval_compile_seconds=extra.get('eval_compile_seconds', 0.0))
+    if line:
+      say(line)
+    return plan.end_step != before
 
   def out_of_time() -> bool:
     """Whether a budgeted run ends at this (log) step, behind its plan; if so it says so and records it."""
     elapsed = run_seconds()
-    if not agreed(is_primary and time_budget.must_stop(
-        plan_costs, budget_seconds=budget_minutes * 60, elapsed_seconds=elapsed,
-        steps_to_next_check=min(config.train.log_every, total_steps - step))):
+    if not agreed(is_primary and plan.must_end(step, elapsed, config.train.log_every)):
       return False
     say(f'time budget {budget_minutes} min: behind the plan, so the run ends at step {step} '
         f'instead of {total_steps}, its learning rate at {float(schedule(step - 1)):.3g}')
     # The plan, cut short: a later invocation of the finished run resumes to this step, no further.
+    plan.cut_short(step)
     if is_primary:
-      writer.write(step, time_budget.plan_record(step, plan_costs, elapsed))
+      writer.write(step, plan.record(elapsed))
     return True
 
   # From here on SIGTERM and SIGINT stop the run at the end of a step (before, they end it at once).
@@ -301,7 +294,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
       step += 1
       steps_this_run += 1
       at_end = step == total_steps
-      if planned and step % config.train.log_every == 0 and not at_end and out_of_time():
+      if plan.planned and step % config.train.log_every == 0 and not at_end and out_of_time():
         total_steps, at_end = step, True
       if step % config.train.log_every == 0 or at_end:
         sums = settle()
@@ -324,8 +317,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         window, window_start = new_window(), time.perf_counter()
       elif console:
         console.step(step)
-      if timing_mark is None and plan_at and step == plan_at // 2:
-        timing_mark = (step, time.perf_counter(), paused)
+      if plan.mark is None and plan_at and step == plan_at // 2:
+        plan.start_timing(step, time.perf_counter(), paused)
       eval_metrics = None
       pause_start = time.perf_counter()
       # A budgeted run validates and saves at the end of warmup as well, to time both.
@@ -339,7 +332,13 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         writer.write(step, eval_metrics)
         logging.info('step %d: %s', step, eval_metrics)
         say(describe_validation(step, eval_metrics, best))
-      if step % config.train.checkpoint_every == 0 or at_end or step == plan_at:
+      save_due = step % config.train.checkpoint_every == 0 or at_end or step == plan_at
+      # A later plan, at a validation: before the checkpoint, so a run resumed from it plans alike.
+      replan = (plan.planned and eval_metrics is not None and not at_end
+                and plan.timed_steps(step) >= budget_plan.MIN_TIMED_STEPS)
+      moved = replan and make_plan(pause_start, eval_seconds, plan.costs.save_seconds,
+                                   run_seconds() + save_due * plan.costs.save_seconds, {})
+      if save_due:
         sums = settle()
         save_start = time.perf_counter()
         save(step, sums, pause_start - window_start,
@@ -348,15 +347,18 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         save_seconds = time.perf_counter() - save_start
         last_saved = step
       if step == plan_at:
-        total_steps, plan_costs = fit_to_budget(pause_start, eval_seconds, eval_compiling.seconds,
-                                                save_seconds)
-        planned = total_steps
-        schedule, schedule_length = set_length(total_steps)
+        moved = make_plan(pause_start, eval_seconds, save_seconds, run_seconds(),
+                          {'eval_compile_seconds': eval_compiling.seconds})
+      if moved:
+        total_steps = plan.end_step
+        schedule, schedule_length = set_length(plan.length)
         if console:
           console.set_total(total_steps)
       # Evaluation and saving are not training: keep them out of tokens_per_sec.
       window_start += time.perf_counter() - pause_start
       paused += time.perf_counter() - pause_start
+      if replan or step == plan_at:
+        plan.start_timing(step, time.perf_counter(), paused)
       if stop_after_steps is not None and steps_this_run >= stop_after_steps:
         checkpointer.wait_until_finished()
         return state
