@@ -68,7 +68,7 @@ class RunLength(NamedTuple):
     """This length with its end moved to `last_step` (> at_step) from `at_step` on."""
     if last_step <= at_step:
       raise ValueError(f'a run revised at step {at_step} must end after it, not at {last_step}')
-    return RunLength(self.horizon, at_step, self.position(at_step), last_step)
+    return RunLength(self.horizon, at_step, float(self.position(at_step)), last_step)
 
 
 # Builds the part of a schedule after warmup; it counts steps from the end of warmup.
