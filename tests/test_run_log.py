@@ -133,9 +133,23 @@ def test_a_length_not_yet_planned_has_no_eta_until_it_is_set(monkeypatch):
   console = run_log.Console(file=stream)
   console.start(total_steps=None)  # a time budget plans the length at the end of warmup
   console.update(2, loss=2.5)
-  console.set_total(6)
+  console.set_total(6, 2)
   console.update(4, loss=2.0)
   console.close()
   lines = stream.getvalue().splitlines()
   assert lines[0] == 'step 2: loss=2.5'
   assert lines[1].startswith('step 4/6: loss=2, ETA ')
+
+
+def test_after_a_plan_the_eta_counts_the_steps_since_the_plan(monkeypatch):
+  """400 steps in 600 s that held the start's compiling, then 100 in 50 s: 0.5 s a step is left."""
+  monkeypatch.setenv('CI', 'true')
+  clock = iter([0.0, 600.0, 650.0])
+  monkeypatch.setattr(run_log.time, 'perf_counter', lambda: next(clock))
+  stream = io.StringIO()
+  console = run_log.Console(file=stream)
+  console.start(total_steps=None)
+  console.set_total(4000, 400)
+  console.update(500, loss=2.0)
+  console.close()
+  assert stream.getvalue().splitlines()[0] == 'step 500/4000: loss=2, ETA 29:10'  # 3500 x 0.5 s

@@ -187,8 +187,8 @@ class Console:
   """What a person watching a run sees: a handful of plain lines and a progress bar.
 
   On a terminal a tqdm bar moves every step, with the latest loss, tokens/s and epoch; its ETA
-  is the average time per step since this invocation started, so evaluation, checkpoint and
-  compile pauses are in it. Lines print above the bar. Where the stream is not a terminal (nohup,
+  is the average time per step since this invocation started (or a time budget last planned),
+  so evaluation, checkpoint and compile pauses are in it. Lines print above the bar. Where the stream is not a terminal (nohup,
   a pipe, CI with the CI variable set) there is no bar: each logged record prints as one plain
   line with its own ETA instead. Library logging goes elsewhere (train.py: WORKDIR/train.log).
   """
@@ -218,10 +218,16 @@ class Console:
                           disable=not self._interactive, unit='step', dynamic_ncols=True,
                           smoothing=0)
 
-  def set_total(self, total_steps: int) -> None:
-    """Changes the run's length (a time budget's plan) once the bar has started."""
-    self._total = total_steps
+  def set_total(self, total_steps: int, at_step: int) -> None:
+    """Changes the run's length (a time budget's plan, made at `at_step`) once the bar has started.
+
+    The ETA then counts from here: the rate before a budget's first plan holds the compiling and
+    first validation of the run's start (an ETA of 57:54 where ~51 min were left, on the Xeon VM).
+    """
+    self._total, self._initial, self._start = total_steps, at_step, time.perf_counter()
     self._bar.total = total_steps
+    if self._interactive:  # tqdm's own rate: (n - initial) / (now - start_t)
+      self._bar.initial, self._bar.start_t = at_step, self._bar._time()
     self._bar.refresh()
 
   def line(self, text: str) -> None:

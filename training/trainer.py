@@ -353,7 +353,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, changes: dict, finge
         total_steps = plan.end_step
         schedule, schedule_length = set_length(plan.length)
         if console:
-          console.set_total(total_steps)
+          console.set_total(total_steps, step)
       # Evaluation and saving are not training: keep them out of tokens_per_sec.
       window_start += time.perf_counter() - pause_start
       paused += time.perf_counter() - pause_start
