@@ -188,9 +188,10 @@ class Console:
 
   On a terminal a tqdm bar moves every step, with the latest loss, tokens/s and epoch; its ETA
   is the average time per step since this invocation started (or a time budget last planned),
-  so evaluation, checkpoint and compile pauses are in it. Lines print above the bar. Where the stream is not a terminal (nohup,
-  a pipe, CI with the CI variable set) there is no bar: each logged record prints as one plain
-  line with its own ETA instead. Library logging goes elsewhere (train.py: WORKDIR/train.log).
+  so evaluation, checkpoint and compile pauses are in it. Lines print above the bar. Where the
+  stream is not a terminal (nohup, a pipe, CI with the CI variable set) there is no bar: each
+  logged record prints as one plain line with its own ETA instead. Library logging goes elsewhere
+  (train.py: WORKDIR/train.log).
   """
 
   def __init__(self, *, file: TextIO | None = None):
