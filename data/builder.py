@@ -25,6 +25,19 @@ TEXT_FIELDS = ('de', 'en', 'de_tok', 'en_tok')
 Columns = Mapping[str, list[str]]
 
 
+class _LocalDatasetInfo(tfds.core.DatasetInfo):
+  """DatasetInfo of a dataset that tfds' GCS bucket never holds.
+
+  The parent's `initialize_from_bucket`, run whenever a builder is made for a dataset not yet
+  prepared, makes a temporary folder before it finds the bucket disabled and leaves the folder
+  behind, empty (tfds 4.9): one per run, evaluation and test. With nothing to fetch, it does
+  nothing here.
+  """
+
+  def initialize_from_bucket(self) -> None:
+    pass
+
+
 class ParallelTextBuilder(tfds.core.GeneratorBasedBuilder):
   """Builds every split of a de-en corpus from raw files.
 
@@ -67,7 +80,7 @@ class ParallelTextBuilder(tfds.core.GeneratorBasedBuilder):
     features['index'] = tfds.features.Scalar(dtype=np.int32)
     # Records stay in line order: the order is part of the data (`index`), and
     # skipping the shuffle makes preparation faster.
-    return tfds.core.DatasetInfo(
+    return _LocalDatasetInfo(
         builder=self, features=tfds.features.FeaturesDict(features),
         description=self.__doc__, disable_shuffling=True)
 

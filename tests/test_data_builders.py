@@ -1,5 +1,7 @@
 """TFDS builders on the local data copy: split sizes, alignment, fields."""
 
+import tempfile
+
 import pytest
 
 from data import datasets
@@ -101,3 +103,16 @@ def test_prepares_from_the_environment_variable(monkeypatch, tmp_path):
   assert {len(source) for source in data_sources.values()} == {4}
   assert datasets.load_examples(config, 'test_2018')['en'][3] == (
       'En Test_2018 Sentence 3 .')
+
+
+def test_preparing_leaves_no_folder_in_the_temporary_directory(monkeypatch, tmp_path):
+  # tfds' DatasetInfo.initialize_from_bucket, run whenever a builder is made for a dataset not
+  # yet prepared, makes a temporary folder and leaves it behind empty: one per run and per test.
+  scratch = tmp_path / 'scratch'
+  scratch.mkdir()
+  monkeypatch.setattr(tempfile, 'tempdir', str(scratch))
+  data_fixtures.write_multi30k(tmp_path / 'root' / 'multi30k', lines_per_split=2)
+  monkeypatch.setenv(sources.ENV_VAR, str(tmp_path / 'root'))
+  config = data_fixtures.data_config(cache_dir=str(tmp_path / 'cache'))
+  assert {len(source) for source in datasets.get_data_sources(config).values()} == {2}
+  assert not list(scratch.iterdir())
