@@ -41,14 +41,13 @@ from training import command_line, partitioning, run_dir, run_log, trained_model
 
 
 def decoding_settings(config: ml_collections.ConfigDict, flag_settings: dict,
-                      batch_size: int | None, platform: str) -> tuple[dict, int]:
+                      batch_size: int | None) -> tuple[dict, int]:
   """`translate` keyword arguments and batch size: the flags, or the config where a flag is None.
 
-  An unset --smallest_batch depends on `platform` (jax.default_backend()): on a CPU the search
-  drops finished sentences down to 8 a batch, which saves their arithmetic; elsewhere it keeps
-  one loop of the whole batch. On an H200 (docs/performance.md, "Third device session") the
-  halvings' extra loops cost 2.5x the compile time (60 s against 24 s for test_2016) and saved
-  nothing in decoding (0.6 s against 0.4 s).
+  An unset --smallest_batch keeps one search loop of the whole batch. Its halvings (one compiled
+  loop each) cost more compiling than they save in decoding on a test set of Multi30k's size:
+  test_2016 on the 2-core Xeon VM took 19.1 s against 21.4 s for the whole process, compiled
+  programs cached, and 60 s against 24 s of compiling on an H200 (docs/performance.md).
   """
   settings = dict(flag_settings)
   for name in ('beam_size', 'length_penalty'):
@@ -57,12 +56,8 @@ def decoding_settings(config: ml_collections.ConfigDict, flag_settings: dict,
   batch_size = batch_size or config.data.eval_batch_size
   translating.check_batch_size(batch_size, '--batch_size')
   if settings['smallest_batch'] is None:
-    settings['smallest_batch'] = _CPU_SMALLEST_BATCH if platform == 'cpu' else batch_size
+    settings['smallest_batch'] = batch_size
   return settings, batch_size
-
-
-# Fewest sentences a CPU search cuts a batch down to when --smallest_batch is not given.
-_CPU_SMALLEST_BATCH = 8
 
 
 # Fewest sentences of a batch per CPU device that eval.py's default split keeps: on the 2-core
@@ -208,8 +203,8 @@ def define_flags() -> None:
                      lower_bound=0.0)
   flags.DEFINE_integer('smallest_batch', None, 'Beam search drops finished sentences from a '
                        'batch in halvings down to this many (one compiled search loop per '
-                       'halving); at or above --batch_size it compiles a single loop: faster to '
-                       'start, slower to decode on a CPU (default: 8 on a CPU, else --batch_size).',
+                       'halving): ~10-15% faster decoding on a CPU for longer compiling, which '
+                       'pays only on large splits (default: --batch_size, a single loop).',
                        lower_bound=1)
   flags.DEFINE_integer('cpu_devices', 0, 'Devices the CPU is split into, each searching its own '
                        'rows of a batch (0: one per core while each gets at least 16 sentences).',
@@ -237,8 +232,7 @@ def main(argv):
     # reused by every later eval of a model of this shape.
     jax.config.update('jax_compilation_cache_dir', str(datasets.compilation_cache_dir(config.data)))
     run = trained_model.restore(workdir, split, checkpoint, mesh)
-    settings, batch_size = decoding_settings(run.config, flag_settings, args.batch_size,
-                                             jax.default_backend())
+    settings, batch_size = decoding_settings(run.config, flag_settings, args.batch_size)
     if lines is not None:
       results = translate_lines(run, lines, settings, batch_size, args.nbest, mesh)
   except ValueError as error:

@@ -242,16 +242,16 @@ def test_hypotheses_do_not_depend_on_how_the_cpu_is_split(smoke_run, one_device_
   assert (tmp_path / f'{SPLIT}.hyp.txt').read_text() == reference and len(reference.splitlines()) == 461
 
 
-def test_unset_smallest_batch_is_8_on_a_cpu_and_the_whole_batch_elsewhere():
-  """On a CPU the halvings save arithmetic; on a GPU they only add compiled loops."""
+def test_unset_decoding_flags_come_from_the_config_and_one_search_loop_of_the_batch():
   config = base.get_config()
   flag_settings = {'beam_size': None, 'length_penalty': None, 'smallest_batch': None}
-  for platform, expected in (('cpu', 8), ('gpu', 96), ('tpu', 96)):
-    settings, batch_size = eval_lib.decoding_settings(config, flag_settings, 96, platform)
-    assert (settings['smallest_batch'], batch_size) == (expected, 96)
-    assert settings['beam_size'] == config.eval.beam_size
-  settings, _ = eval_lib.decoding_settings(config, dict(flag_settings, smallest_batch=16), 96, 'gpu')
-  assert settings['smallest_batch'] == 16
+  settings, batch_size = eval_lib.decoding_settings(config, flag_settings, None)
+  assert batch_size == config.data.eval_batch_size
+  assert settings == {'beam_size': config.eval.beam_size, 'length_penalty': config.eval.length_penalty,
+                      'smallest_batch': batch_size}
+  settings, batch_size = eval_lib.decoding_settings(
+      config, dict(flag_settings, beam_size=3, smallest_batch=16), 96)
+  assert (settings['beam_size'], settings['smallest_batch'], batch_size) == (3, 16, 96)
 
 
 def test_scores_of_imperfect_hypotheses_equal_sacrebleu(smoke_run):
