@@ -46,8 +46,8 @@ def decoding_settings(config: ml_collections.ConfigDict, flag_settings: dict,
 
   An unset --smallest_batch keeps one search loop of the whole batch. Its halvings (one compiled
   loop each) cost more compiling than they save in decoding on a test set of Multi30k's size:
-  test_2016 on the 2-core Xeon VM took 19.1 s against 21.4 s for the whole process, compiled
-  programs cached, and 60 s against 24 s of compiling on an H200 (docs/performance.md).
+  the whole process for test_2016 took 21.4 s with them and 19.1 s without on the 2-core Xeon VM
+  (compiled programs cached), and an H200 compiled them for 60 s against 24 s (docs/performance.md).
   """
   settings = dict(flag_settings)
   for name in ('beam_size', 'length_penalty'):
@@ -204,7 +204,7 @@ def define_flags() -> None:
   flags.DEFINE_integer('smallest_batch', None, 'Beam search drops finished sentences from a '
                        'batch in halvings down to this many (one compiled search loop per '
                        'halving): ~10-15% faster decoding on a CPU for longer compiling, which '
-                       'pays only on large splits (default: --batch_size, a single loop).',
+                       'may pay on much larger splits (default: --batch_size, a single loop).',
                        lower_bound=1)
   flags.DEFINE_integer('cpu_devices', 0, 'Devices the CPU is split into, each searching its own '
                        'rows of a batch (0: one per core while each gets at least 16 sentences).',
