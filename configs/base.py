@@ -121,6 +121,8 @@ def get_config() -> ml_collections.ConfigDict:
   optim.schedule = 'inverse_sqrt'
   # Linear warmup steps from 0 to the peak rate; 0 starts at the peak.
   optim.warmup_steps = 4000
+  # inverse_sqrt's decay scale w in P * sqrt(w / (t - W + w)); 0: max(warmup_steps, 1), fairseq's.
+  optim.inverse_sqrt_scale = 0
   # Epochs after which 'step' multiplies the rate by decay_factor.
   optim.decay_epochs = ()
   # Multiplier of the 'step' schedule at each decay epoch.

@@ -122,6 +122,18 @@ def test_inverse_sqrt_is_fairseq_after_warmup():
       [PEAK / 2, PEAK, PEAK * np.sqrt(4000 / 16000)], rtol=1e-6)
 
 
+@pytest.mark.parametrize('warmup', [0, 1000, 4000])
+def test_a_fixed_inverse_sqrt_scale_decays_the_same_after_any_warmup(warmup):
+  # P * sqrt(w / (t - W + w)) with w fixed at 4000: warmup 4000 is fairseq's P * sqrt(4000 / t);
+  # a shorter warmup follows the same curve shifted by the warmup it left out.
+  schedule = optimizer.make_schedule(
+      _optim(schedule='inverse_sqrt', warmup_steps=warmup, inverse_sqrt_scale=4000),
+      steps_per_epoch=None, total_steps=10)
+  after = np.array([0, 3000, 12000, 60000])
+  np.testing.assert_allclose(
+      _evaluate(schedule, after + warmup), PEAK * np.sqrt(4000 / (after + 4000)), rtol=1e-6)
+
+
 @pytest.mark.parametrize('name', ['inverse_sqrt', 'cosine', 'linear', 'constant', 'step'])
 def test_no_warmup_starts_at_peak(name):
   schedule = optimizer.make_schedule(

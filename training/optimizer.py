@@ -5,9 +5,11 @@ Every schedule warms up linearly from 0 to the peak `optim.learning_rate` over
 updates already applied (optax's count, so the first update uses lr(0)) and
 P the peak:
 
-  inverse_sqrt  P * sqrt(w / (t - W + w)) with w = max(W, 1): fairseq's
-                P * sqrt(W / t) when W > 0; with W = 0 it starts at P and
-                decays as P / sqrt(t + 1) instead of dividing by zero.
+  inverse_sqrt  P * sqrt(w / (t - W + w)) with w = `optim.inverse_sqrt_scale`
+                or, where that is 0, max(W, 1): fairseq's P * sqrt(W / t) when
+                W > 0; with W = 0 it starts at P and decays as P / sqrt(t + 1)
+                instead of dividing by zero. A fixed w gives runs that differ
+                in warmup alone the same decay after it.
   cosine        P * (1 + cos(pi * (t - W) / (T - W))) / 2, reaching 0 at
                 T = total_steps and staying there.
   linear        P * (1 - (t - W) / (T - W)), reaching 0 at T.
@@ -78,7 +80,7 @@ _DecayBuilder = Callable[[ml_collections.ConfigDict, int | jax.Array, int | None
 def _inverse_sqrt(optim, decay_steps, steps_per_epoch):
   del decay_steps, steps_per_epoch
   peak = optim.learning_rate
-  scale = max(optim.warmup_steps, 1)
+  scale = optim.inverse_sqrt_scale or max(optim.warmup_steps, 1)
   # optax 0.2.8 has no inverse-square-root decay, and polynomial_schedule clips
   # its count to a finite horizon, so this one is written out.
   return lambda count: peak * jnp.sqrt(scale / (count + scale))
@@ -199,6 +201,10 @@ def make_schedule(
   warmup_steps = optim_config.warmup_steps
   if warmup_steps < 0:
     raise ValueError(f'config.optim.warmup_steps={warmup_steps} must be >= 0.')
+  if optim_config.inverse_sqrt_scale < 0:
+    raise ValueError(
+        f'config.optim.inverse_sqrt_scale={optim_config.inverse_sqrt_scale} must be >= 0'
+        ' (0: the warmup length).')
   decay_steps = total_steps - warmup_steps
   if isinstance(decay_steps, int) and optim_config.schedule in _DECAYS_TO_ZERO and decay_steps <= 0:
     raise ValueError(

@@ -51,7 +51,7 @@ RESUMABLE_FIELDS = frozenset({
     'train.eval_every', 'train.checkpoint_every', 'train.keep_checkpoints', 'train.save_on_stop_after',
     'train.divergence_loss_ceiling', 'train.divergence_growth', 'train.microbatch_tokens',
     'optim.learning_rate', 'optim.schedule', 'optim.warmup_steps', 'optim.decay_epochs',
-    'optim.decay_factor',
+    'optim.decay_factor', 'optim.inverse_sqrt_scale',
     'data.cache_dir', 'data.num_workers', 'data.eval_split', 'data.eval_batch_size',
     'data.eval_examples',
     'eval.beam_size', 'eval.length_penalty',

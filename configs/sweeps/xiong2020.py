@@ -15,6 +15,22 @@ Presets (after the colon; train.py accepts them too and trains the preset's base
             not to compare final quality.
   norm_cpu, position_cpu  the norm and position comparisons sized the same way: 3+3 layers,
             300 steps of 2048-token batches, warmup 100, dropout 0.1 (~12 min a run): 4 runs each.
+  converge  the warmup study trained to convergence, with the paper's schedule family: Adam
+            (0.9, 0.98), linear warmup then inverse square root, 12,000 steps (80 epochs).
+            Post-LN x warmup {0, 1000, 4000} x peak {5e-4, 1e-3}, Pre-LN x warmup {0, 4000} x
+            the same peaks, and Post-LN and Pre-LN with SGD: 12 points, 3 seeds each (36 runs).
+  converge_key  the converge preset's central contrast alone: Post-LN vs Pre-LN x warmup
+            {0, 4000} at peak 1e-3, 3 seeds (12 runs); the first thing to run on a CPU.
+  converge_sgd  SGD's rate for the converge preset: Post-LN and Pre-LN x {0.03, 0.1, 0.3}, 1 seed.
+
+The converge presets' model is Wu et al.'s "Transformer-tiny" width (d_model 128, FFN 256, 4 heads,
+the project's Multi30k recipe, packed rows, dropout 0.3) at Xiong et al.'s depth of 6+6 layers:
+Post-LN's trouble is the gradient at the last layers, which grows with depth, so the paper's depth
+is kept and the width is the one Multi30k's 29k pairs train well. Every run decays as
+P * sqrt(4000 / (t - W + 4000)) after its warmup W (optim.inverse_sqrt_scale=4000), so runs differ
+in warmup alone and a warmup-0 run does not divide its rate by sqrt(t) from the first step. A run
+has converged when its validation loss moved less than 1% over the last fifth of its steps
+(scripts/convergence.py checks it).
 
 Sizing, the trade-off: configs/multi30k.py:de_en_small, the model these runs build on, trains 1000
 steps in about an hour on 2 CPU cores, too long for a grid on a CPU. The runs of the first four presets stop at 500 steps (~3.3 epochs), with
@@ -71,6 +87,20 @@ def get_config(preset: str = 'warmup'):
     config.model.dropout_rate = 0.1
     config.optim.warmup_steps = 100
     config.train.update(num_steps=300, log_every=10, eval_every=150, checkpoint_every=150)
+  if preset.startswith('converge'):
+    config = _converge_config()
+  return config
+
+
+def _converge_config():
+  config = multi30k.get_config('de_en')
+  config.model.update(num_encoder_layers=6, num_decoder_layers=6)
+  config.optim.update(optimizer='adam', b1=0.9, b2=0.98, learning_rate=1e-3,
+                      schedule='inverse_sqrt', inverse_sqrt_scale=4000, warmup_steps=4000)
+  # Runs compared at equal steps: no time budget. Validation every 800 steps (~5.4 epochs) draws
+  # the BLEU-against-epochs curve; one checkpoint kept (plus the best) spares disk over 36 runs.
+  config.train.update(num_steps=12000, time_budget_minutes=0.0, log_every=50, eval_every=800,
+                      checkpoint_every=400, keep_checkpoints=1)
   return config
 
 
@@ -88,6 +118,31 @@ def _warmup():
 def _warmup_cpu():
   for position in ('post', 'pre'):
     for warmup in (0, 50):
+      yield {'model.norm_position': position, 'optim.warmup_steps': warmup}
+
+
+def _converge():
+  for position, warmups in (('post', (0, 1000, 4000)), ('pre', (0, 4000))):
+    for warmup in warmups:
+      for rate in (5e-4, 1e-3):
+        yield {'model.norm_position': position, 'optim.warmup_steps': warmup,
+               'optim.learning_rate': rate}
+  # SGD with momentum 0.9 at 0.1, a conventional rate; converge_sgd searches {0.03, 0.1, 0.3}.
+  for position in ('post', 'pre'):
+    yield {'model.norm_position': position, 'optim.warmup_steps': 4000, 'optim.learning_rate': 0.1,
+           'optim.optimizer': 'sgd'}
+
+
+def _converge_sgd():
+  for position in ('post', 'pre'):
+    for rate in (0.03, 0.1, 0.3):
+      yield {'model.norm_position': position, 'optim.warmup_steps': 4000,
+             'optim.learning_rate': rate, 'optim.optimizer': 'sgd'}
+
+
+def _converge_key():
+  for position in ('post', 'pre'):
+    for warmup in (0, 4000):
       yield {'model.norm_position': position, 'optim.warmup_steps': warmup}
 
 
@@ -110,8 +165,14 @@ def _position():
 
 # Each preset's grid; the *_cpu presets shorten the runs, not the grid.
 _GRIDS = {'warmup': _warmup, 'depth': _depth, 'norm': _norm, 'position': _position,
-          'warmup_cpu': _warmup_cpu, 'norm_cpu': _norm, 'position_cpu': _position}
+          'warmup_cpu': _warmup_cpu, 'norm_cpu': _norm, 'position_cpu': _position,
+          'converge': _converge, 'converge_key': _converge_key, 'converge_sgd': _converge_sgd}
 PRESETS = tuple(_GRIDS)
+
+
+def seeds(preset: str = 'warmup') -> int:
+  """Seeds per point: three for the converge presets, whose claims need their spread."""
+  return 3 if preset in ('converge', 'converge_key') else 1
 
 
 def sweep(preset: str = 'warmup'):
