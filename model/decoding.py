@@ -28,9 +28,12 @@ Dimensions:
   V: vocabulary
 """
 
+import dataclasses
+import functools
 import numbers
 from typing import Any, NamedTuple
 
+import flax
 import jax
 import jax.numpy as jnp
 
@@ -201,13 +204,138 @@ def _take_rows(tree, rows):
   return jax.tree.map(lambda x: jnp.take(x, rows, axis=0, mode='clip'), tree)
 
 
-def _take_sentences(state, keep, beam_size):
+def _take_sentences(state: 'BeamState', keep, beam_size) -> 'BeamState':
   """The sentences `keep` [M] of a search state: [B]-leading leaves by sentence, the cache's
   [B*K]-leading leaves by each kept sentence's K rows."""
   rows = (keep[:, None] * beam_size + jnp.arange(beam_size)).reshape(-1)  # [M*K]
-  return {**_take_rows({name: value for name, value in state.items()
-                        if name not in ('i', 'cache')}, keep),
-          'i': state['i'], 'cache': _take_cache(state['cache'], rows, keep)}
+  by_sentence = {field.name: _take_rows(getattr(state, field.name), keep)
+                 for field in dataclasses.fields(state) if field.name not in ('i', 'cache')}
+  return state.replace(**by_sentence, cache=_take_cache(state.cache, rows, keep))
+
+
+@flax.struct.dataclass
+class BeamState:
+  """`beam_search`'s loop state; n is the sentences in the current phase (B, B/2, ...)."""
+  i: jax.Array  # int32 []: tokens generated so far
+  alive_seqs: jax.Array  # int32 [n, K, T+1]: BOS, then the generated tokens
+  alive_log_probs: jax.Array  # float32 [n, K]; -inf for a beam not yet started
+  finished_seqs: jax.Array  # int32 [n, K, T+1]
+  finished_scores: jax.Array  # float32 [n, K] penalised; -inf for an empty slot
+  done: jax.Array  # bool [n]: the sentence's finished hypotheses are final
+  eos_steps: jax.Array  # int32 [n]: the step at which EOS is forced
+  longest: jax.Array  # int32 [n]: the most tokens a hypothesis can reach
+  sentence: jax.Array  # int32 [n]: each row's index in the batch
+  context: Any  # [n]-leading pytree that step_fn reads
+  cache: Any  # [n*K]-leading pytree, or a SearchCache
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ranking:
+  """How hypotheses are ranked and when a sentence is done (static)."""
+  beam_size: int
+  max_length: int
+  length_penalty: float
+  penalty: Any  # (length, alpha) -> divisor
+  early_stopping: bool
+  eos_id: int
+
+  def penalised(self, log_probs, length):
+    return log_probs / self.penalty(jnp.asarray(length, jnp.float32), self.length_penalty)
+
+  def is_done(self, state: BeamState):
+    """[n] whether each sentence's K finished hypotheses are final."""
+    best_alive = state.alive_log_probs[:, 0]
+    # Log-probabilities only fall as tokens are added and the penalty is monotone in length, so
+    # no extension of the best alive beam can score above its penalised score at the shortest or
+    # the longest reachable length.
+    bound = jnp.maximum(self.penalised(best_alive, state.i + 1),
+                        self.penalised(best_alive, state.longest))
+    done = bound <= state.finished_scores[:, -1]
+    if self.early_stopping:
+      done |= state.finished_scores[:, -1] > -jnp.inf  # K finished
+    return done
+
+
+def _extensions(state: BeamState, logits, ranking: _Ranking):
+  """The 2K best one-token extensions of each sentence's alive beams.
+
+  Returns (log-probabilities [n, 2K], their last tokens [n, 2K], their parent beams [n, 2K], the
+  extended sequences [n, 2K, T+1]).
+  """
+  k, eos_id, i = ranking.beam_size, ranking.eos_id, state.i
+  n, vocab = logits.shape[0], logits.shape[-1]
+  normaliser = jax.nn.logsumexp(logits, axis=-1)  # [n, K]
+  force_eos = (i == state.eos_steps)[:, None, None] & (jnp.arange(vocab) != eos_id)
+  logits = jnp.where(force_eos, -jnp.inf, logits)
+  # The 2K best extensions of a sentence are among the 2K best of each of its beams: ranking each
+  # beam's vocabulary first and then K * 2K candidates gives the same ranking (ties too: lower
+  # beam, then lower token, first) as one top-k over all K * V, without writing K * V
+  # log-probabilities per sentence. On CPU that halved this part of the step.
+  per_beam = min(2 * k, vocab)
+  beam_top, beam_tokens = top_k_by_blocks(logits, per_beam)  # [n, K, 2K]
+  candidates = (state.alive_log_probs - normaliser)[:, :, None] + beam_top
+  # 2K candidates hold at least K that do not end in EOS (one EOS per beam).
+  top_log_probs, top_ids = jax.lax.top_k(candidates.reshape(n, k * per_beam), 2 * k)  # [n, 2K]
+  parents = top_ids // per_beam
+  tokens = jnp.take_along_axis(beam_tokens.reshape(n, k * per_beam), top_ids, axis=1)
+  top_seqs = jnp.take_along_axis(state.alive_seqs, parents[:, :, None], axis=1)
+  top_seqs = top_seqs.at[:, :, i + 1].set(tokens)  # [n, 2K, T+1]
+  return top_log_probs, tokens, parents, top_seqs
+
+
+def _beam_step(state: BeamState, step_fn, ranking: _Ranking) -> BeamState:
+  """One token more for every alive beam: the new alive and finished hypotheses."""
+  k, i = ranking.beam_size, state.i
+  n = state.alive_seqs.shape[0]
+  fed = state.alive_seqs[:, :, i].reshape(n * k)  # [n, K] -> [n*K]
+  logits, cache = step_fn(fed, state.cache, i, state.context)
+  logits = logits.astype(jnp.float32).reshape(n, k, -1)  # [n*K, V] -> [n, K, V]
+  top_log_probs, tokens, parents, top_seqs = _extensions(state, logits, ranking)
+
+  # An EOS extension (or any at max_length) is finished only when it ranks within the first K, as
+  # in fairseq; hypotheses cut at max_length compete with those that ended in EOS.
+  ends = (tokens == ranking.eos_id) | (i + 1 == ranking.max_length)
+  new_scores = jnp.where(ends & (jnp.arange(2 * k) < k),
+                         ranking.penalised(top_log_probs, i + 1), -jnp.inf)
+  finished_scores, keep = jax.lax.top_k(
+      jnp.concatenate([state.finished_scores, new_scores], axis=1), k)
+  finished_seqs = jnp.take_along_axis(
+      jnp.concatenate([state.finished_seqs, top_seqs], axis=1), keep[:, :, None], axis=1)
+  # A done sentence keeps its hypotheses while its batch runs on.
+  finished_scores = jnp.where(state.done[:, None], state.finished_scores, finished_scores)
+  finished_seqs = jnp.where(state.done[:, None, None], state.finished_seqs, finished_seqs)
+
+  alive_log_probs, keep = jax.lax.top_k(
+      jnp.where(tokens == ranking.eos_id, -jnp.inf, top_log_probs), k)
+  rows = jnp.arange(n)[:, None] * k + jnp.take_along_axis(parents, keep, axis=1)
+  new_state = state.replace(
+      i=i + 1, alive_seqs=jnp.take_along_axis(top_seqs, keep[:, :, None], axis=1),
+      alive_log_probs=alive_log_probs, finished_seqs=finished_seqs,
+      finished_scores=finished_scores,
+      cache=_take_cache(cache, rows.reshape(n * k)))  # [n, K] -> [n*K]
+  return new_state.replace(done=state.done | ranking.is_done(new_state))
+
+
+def _initial_beam_state(cache, context, *, batch_size, beam_size, max_length, max_lengths,
+                        bos_id, pad_id) -> BeamState:
+  b, k = batch_size, beam_size
+  eos_steps = _eos_steps(max_lengths, b, max_length)
+  # The K cache copies are identical: one live beam keeps them from filling the beam with
+  # duplicates.
+  first_beam = jnp.arange(k) == 0
+  return BeamState(
+      i=jnp.array(0, jnp.int32),
+      alive_seqs=jnp.full((b, k, max_length + 1), pad_id, jnp.int32).at[:, :, 0].set(bos_id),
+      alive_log_probs=jnp.broadcast_to(
+          jnp.where(first_beam, 0.0, -jnp.inf).astype(jnp.float32), (b, k)),
+      finished_seqs=jnp.full((b, k, max_length + 1), pad_id, jnp.int32),
+      finished_scores=jnp.full((b, k), -jnp.inf, jnp.float32),
+      done=jnp.zeros((b,), bool),
+      eos_steps=eos_steps,
+      longest=jnp.minimum(eos_steps + 1, max_length),
+      sentence=jnp.arange(b),
+      context=context,
+      cache=cache)
 
 
 def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=None,
@@ -267,119 +395,26 @@ def beam_search(step_fn, cache, *, batch_size, beam_size, max_length, context=No
   if length_penalty_form not in _LENGTH_PENALTIES:
     raise ValueError(f'Unknown length_penalty_form {length_penalty_form!r}; '
                      f'valid: {sorted(_LENGTH_PENALTIES)}')
-  penalty = _LENGTH_PENALTIES[length_penalty_form]
-  k = beam_size
-  candidate_ranks = jnp.arange(2 * k)
-
-  def penalised(log_probs, length):
-    return log_probs / penalty(jnp.asarray(length, jnp.float32), length_penalty)
-
-  def is_done(state):
-    """[n] whether each sentence's K finished hypotheses are final."""
-    best_alive = state['alive_log_probs'][:, 0]
-    # Log-probabilities only fall as tokens are added and the penalty is
-    # monotone in length, so no extension of the best alive beam can score
-    # above its penalised score at the shortest or the longest reachable length.
-    bound = jnp.maximum(penalised(best_alive, state['i'] + 1),
-                        penalised(best_alive, state['longest']))
-    done = bound <= state['finished_scores'][:, -1]
-    if early_stopping:
-      done |= state['finished_scores'][:, -1] > -jnp.inf  # K finished
-    return done
-
-  def body(state):
-    i, alive_seqs = state['i'], state['alive_seqs']
-    n = alive_seqs.shape[0]  # sentences in this phase
-    fed = alive_seqs[:, :, i].reshape(n * k)  # [n, K] -> [n*K]
-    logits, cache = step_fn(fed, state['cache'], i, state['context'])
-    logits = logits.astype(jnp.float32).reshape(n, k, -1)  # [n*K, V] -> [n, K, V]
-    vocab = logits.shape[-1]
-    normaliser = jax.nn.logsumexp(logits, axis=-1)  # [n, K]
-    force_eos = ((i == state['eos_steps'])[:, None, None]
-                 & (jnp.arange(vocab) != eos_id))
-    logits = jnp.where(force_eos, -jnp.inf, logits)
-    # The 2K best extensions of a sentence are among the 2K best of each of its
-    # beams: ranking each beam's vocabulary first and then K * 2K candidates
-    # gives the same ranking (ties too: lower beam, then lower token, first) as
-    # one top-k over all K * V, without writing K * V log-probabilities per
-    # sentence. On CPU that halved this part of the step.
-    per_beam = min(2 * k, vocab)
-    beam_top, beam_tokens = top_k_by_blocks(logits, per_beam)  # [n, K, 2K]
-    candidates = (state['alive_log_probs'] - normaliser)[:, :, None] + beam_top
-    # 2K candidates hold at least K that do not end in EOS (one EOS per beam).
-    top_log_probs, top_ids = jax.lax.top_k(
-        candidates.reshape(n, k * per_beam), 2 * k)  # [n, 2K]
-    parents = top_ids // per_beam
-    tokens = jnp.take_along_axis(beam_tokens.reshape(n, k * per_beam), top_ids, axis=1)
-    top_seqs = jnp.take_along_axis(alive_seqs, parents[:, :, None], axis=1)
-    top_seqs = top_seqs.at[:, :, i + 1].set(tokens)  # [n, 2K, T+1]
-
-    # Hypotheses cut at max_length compete with those that ended in EOS.
-    ends = (tokens == eos_id) | (i + 1 == max_length)
-    new_scores = jnp.where(ends & (candidate_ranks < k),
-                           penalised(top_log_probs, i + 1), -jnp.inf)
-    finished_scores, keep = jax.lax.top_k(
-        jnp.concatenate([state['finished_scores'], new_scores], axis=1), k)
-    finished_seqs = jnp.take_along_axis(
-        jnp.concatenate([state['finished_seqs'], top_seqs], axis=1),
-        keep[:, :, None], axis=1)
-    # A done sentence keeps its hypotheses while its batch runs on.
-    done = state['done']
-    finished_scores = jnp.where(done[:, None], state['finished_scores'],
-                                finished_scores)
-    finished_seqs = jnp.where(done[:, None, None], state['finished_seqs'],
-                              finished_seqs)
-
-    alive_log_probs, keep = jax.lax.top_k(
-        jnp.where(tokens == eos_id, -jnp.inf, top_log_probs), k)
-    rows = jnp.arange(n)[:, None] * k + jnp.take_along_axis(parents, keep, axis=1)
-    rows = rows.reshape(n * k)  # [n, K] -> [n*K]
-    new_state = {
-        **state,
-        'i': i + 1,
-        'alive_seqs': jnp.take_along_axis(top_seqs, keep[:, :, None], axis=1),
-        'alive_log_probs': alive_log_probs,
-        'finished_seqs': finished_seqs,
-        'finished_scores': finished_scores,
-        'cache': _take_cache(cache, rows),
-    }
-    new_state['done'] = done | is_done(new_state)
-    return new_state
-
-  b = batch_size
-  eos_steps = _eos_steps(max_lengths, b, max_length)
-  # The K cache copies are identical: one live beam keeps them from filling
-  # the beam with duplicates.
-  first_beam = jnp.arange(k) == 0
-  state = {
-      'i': jnp.array(0, jnp.int32),
-      # [B, K, T+1]: BOS, then the generated tokens.
-      'alive_seqs': jnp.full((b, k, max_length + 1), pad_id,
-                             jnp.int32).at[:, :, 0].set(bos_id),
-      'alive_log_probs': jnp.broadcast_to(
-          jnp.where(first_beam, 0.0, -jnp.inf).astype(jnp.float32), (b, k)),
-      'finished_seqs': jnp.full((b, k, max_length + 1), pad_id, jnp.int32),
-      'finished_scores': jnp.full((b, k), -jnp.inf, jnp.float32),
-      'done': jnp.zeros((b,), bool),
-      'eos_steps': eos_steps,
-      'longest': jnp.minimum(eos_steps + 1, max_length),
-      'sentence': jnp.arange(b),  # each row's index in the batch
-      'context': context,
-      'cache': cache,
-  }
-  seqs, scores = state['finished_seqs'], state['finished_scores']
-  # Each phase runs while more sentences are running than the next one holds
-  # (the last: while any is).
-  for next_size in _phase_sizes(b, smallest_batch)[1:] + [0]:
+  ranking = _Ranking(beam_size=beam_size, max_length=max_length, length_penalty=length_penalty,
+                     penalty=_LENGTH_PENALTIES[length_penalty_form],
+                     early_stopping=early_stopping, eos_id=eos_id)
+  state = _initial_beam_state(cache, context, batch_size=batch_size, beam_size=beam_size,
+                              max_length=max_length, max_lengths=max_lengths, bos_id=bos_id,
+                              pad_id=pad_id)
+  body = functools.partial(_beam_step, step_fn=step_fn, ranking=ranking)
+  seqs, scores = state.finished_seqs, state.finished_scores
+  # Each phase runs while more sentences are running than the next one holds (the last: while
+  # any is).
+  for next_size in _phase_sizes(batch_size, smallest_batch)[1:] + [0]:
 
     def cond(state, next_size=next_size):
-      return (state['i'] < max_length) & (jnp.sum(~state['done']) > next_size)
+      return (state.i < max_length) & (jnp.sum(~state.done) > next_size)
 
     state = jax.lax.while_loop(cond, body, state)
     # Done sentences leave with their results; the rest are written again later.
-    seqs = seqs.at[state['sentence']].set(state['finished_seqs'])
-    scores = scores.at[state['sentence']].set(state['finished_scores'])
+    seqs = seqs.at[state.sentence].set(state.finished_seqs)
+    scores = scores.at[state.sentence].set(state.finished_scores)
     if next_size:
-      running_first = jnp.argsort(state['done'], stable=True)
-      state = _take_sentences(state, running_first[:next_size], k)
+      running_first = jnp.argsort(state.done, stable=True)
+      state = _take_sentences(state, running_first[:next_size], beam_size)
   return seqs[:, :, 1:], scores
