@@ -37,7 +37,8 @@ import numpy as np
 from data import batching, datasets, pipeline, token_ids
 from model import decoding
 from model.translate import beam_translate
-from training import command_line, partitioning, run_dir, run_log, trained_model, translating
+from training import command_line, partitioning, run_dir, run_log
+from evaluation import trained_model, translating
 
 
 def decoding_settings(config: ml_collections.ConfigDict, flag_settings: dict,

@@ -27,7 +27,8 @@ import numpy as np
 from data import datasets, pipeline
 from experiments import results, sweeps
 from model import losses
-from training import partitioning, trained_model, translating
+from training import partitioning
+from evaluation import trained_model, translating
 
 # Upper ends of the source-length buckets in words; longer sources form the last bucket.
 # Multi30k's validation and test_2016 have ~35 sources of more than 20 words each.

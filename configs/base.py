@@ -137,7 +137,7 @@ def get_config() -> ml_collections.ConfigDict:
   train.num_epochs = 0
   # Wall-clock minutes the whole run may take (0: no limit): at the end of warmup the run plans the
   # most steps, up to num_steps / num_epochs, that end within them, and again at every later
-  # validation (training/budget_plan.py).
+  # validation (training/time_budget.py).
   train.time_budget_minutes = 0.0
   # Seed of parameter init, data order and dropout.
   train.seed = 0

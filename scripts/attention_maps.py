@@ -21,7 +21,8 @@ import numpy as np
 
 from data import datasets, tokenizer as tokenizer_lib
 from model.translate import translate
-from training import partitioning, trained_model
+from training import partitioning
+from evaluation import trained_model
 
 WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory of train.py.', required=True)
 SENTENCE = flags.DEFINE_string('sentence', None, 'Source sentence to translate and draw.')

@@ -4,7 +4,7 @@ timed since, the early end, and the records a resumed run reads them back from."
 import pytest
 
 from training import time_budget
-from training.budget_plan import BudgetPlan
+from training.time_budget import BudgetPlan
 from training.optimizer import RunLength
 
 COSTS = time_budget.Costs(step_seconds=0.5, eval_seconds=20.0, save_seconds=2.0)
@@ -96,7 +96,7 @@ def test_every_process_takes_process_0s_plan_as_float32_numbers():
   other = new_plan()  # another process, which reads no records
   sent = []
 
-  def broadcast(values):  # process 0's values, as process_group.agreed_numbers hands them out
+  def broadcast(values):  # process 0's values, as partitioning.agreed_numbers hands them out
     sent.append(tuple(values))
     return tuple(float(value) for value in sent[0])
 

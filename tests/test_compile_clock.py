@@ -1,4 +1,4 @@
-"""training/compile_clock.py: the compile time inside a block, and nothing else."""
+"""training/periodic_actions.py (CompileClock): the compile time inside a block, and nothing else."""
 
 import threading
 import time
@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from training.compile_clock import CompileClock
+from training.periodic_actions import CompileClock
 
 
 def _fresh_function(salt: float):

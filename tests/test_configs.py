@@ -12,7 +12,7 @@ import pytest
 from training import train_state
 from configs import base, iwslt14, multi30k, smoke
 from configs.sweeps import packing, xiong2020
-from training import validation
+from training import config_checks
 from training.optimizer import make_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,8 +33,8 @@ CONFIGS = {
 @pytest.mark.parametrize('name', sorted(CONFIGS))
 def test_config_validates_and_builds(name):
   config = CONFIGS[name]()
-  validation.check_config(config)
-  make_optimizer(config.optim, steps_per_epoch=100, total_steps=validation.total_steps(config.train, 100))
+  config_checks.check_config(config)
+  make_optimizer(config.optim, steps_per_epoch=100, total_steps=config_checks.total_steps(config.train, 100))
   model = train_state.build_model(config, config.data.vocab_size)
   tokens = jnp.ones((2, 8), jnp.int32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, tokens))
@@ -48,11 +48,11 @@ def test_checking_a_config_starts_no_jax_backend():
   # process: this one's backend is long started.
   script = ('import jax._src.xla_bridge as xla_bridge\n'
             'from configs import multi30k\n'
-            'from training import validation\n'
+            'from training import config_checks\n'
             'from training.optimizer import make_optimizer\n'
             'for preset in ("de_en", "en_de"):\n'
             '  config = multi30k.get_config(preset)\n'
-            '  validation.check_config(config)\n'
+            '  config_checks.check_config(config)\n'
             '  make_optimizer(config.optim, steps_per_epoch=100, total_steps=config.train.num_steps)\n'
             'print(xla_bridge.backends_are_initialized())\n')
   result = subprocess.run([sys.executable, '-c', script], cwd=REPO, capture_output=True, text=True,

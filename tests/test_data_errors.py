@@ -13,7 +13,7 @@ from data import sources
 from data import tokenizer as tokenizer_lib
 from tests import data_fixtures
 from tests.data_fixtures import multi30k_config  # pylint: disable=unused-import
-from training import validation
+from training import config_checks
 
 
 def _prepare_error(tmp_path: Path, source: Path, expected: type, **overrides):
@@ -186,7 +186,7 @@ def test_bad_subword_sampling_is_named_before_anything_is_built(overrides, messa
   config = base.get_config()
   config.data.update(overrides)
   with pytest.raises(ValueError, match=message) as error:
-    validation.check_config(config)
+    config_checks.check_config(config)
   assert '\n' not in str(error.value)
 
 
@@ -201,4 +201,4 @@ def test_a_count_given_as_true_is_refused_not_read_as_one(section, name):
   config = base.get_config()
   config[section][name] = True
   with pytest.raises(ValueError, match=rf'^config\.{section}\.{name}=True must be '):
-    validation.check_config(config)
+    config_checks.check_config(config)

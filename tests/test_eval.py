@@ -22,7 +22,8 @@ from data import datasets
 from model.config import ModelConfig
 from model.transformer import Transformer
 from model.translate import beam_translate, translate
-from training import averaging, partitioning, train_state, trained_model, trainer, translating
+from training import partitioning, train_state, trainer
+from evaluation import averaging, trained_model, translating
 from training.checkpointing import Checkpointer
 from tests.sweep_fixtures import NO_LLVM_OPTIMISATION
 

@@ -14,7 +14,8 @@ from analysis import length_buckets
 from configs import smoke
 from data import datasets
 from experiments import sweeps
-from training import trainer, translating
+from training import trainer
+from evaluation import translating
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from configs import base
 from data import pipeline
 from model.transformer import Transformer
 from tests.test_packing import PACKED_ROWS, SOURCES, TARGETS, tiny_config, unpacked_batch
-from training import train_state, validation
+from training import config_checks, train_state
 
 
 @pytest.mark.parametrize('rows,length,tokens,expected', [
@@ -88,11 +88,11 @@ def test_the_default_slices_on_a_cpu_but_not_batchnorm_and_an_explicit_size_with
   assert train_state.microbatch_tokens(config) == 0
   config.train.microbatch_tokens = 256
   with pytest.raises(ValueError, match=r"config.train.microbatch_tokens=256 with config.model.norm='batch'"):
-    validation.check_config(config)
+    config_checks.check_config(config)
   config.model.norm = 'layer'
   config.train.microbatch_tokens = -1
   with pytest.raises(ValueError, match=r'config.train.microbatch_tokens=-1 must be None'):
-    validation.check_config(config)
+    config_checks.check_config(config)
 
 
 def test_batchnorm_batch_stats_are_refused_by_a_sliced_step():

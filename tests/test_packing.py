@@ -16,7 +16,7 @@ from configs import base
 from data import batching, pipeline, token_ids
 from model.config import ModelConfig
 from model.transformer import Transformer
-from training import train_state, validation
+from training import config_checks, train_state
 
 VOCAB = 41
 RNG = np.random.default_rng(0)
@@ -142,4 +142,4 @@ def test_bad_pack_length_is_refused_in_one_line():
   config = base.get_config()
   config.data.pack_length = -8
   with pytest.raises(ValueError, match=r'config.data.pack_length=-8 must be 0 \(no packing\) or a row'):
-    validation.check_config(config)
+    config_checks.check_config(config)

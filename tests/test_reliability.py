@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from training import partitioning, run_dir, run_log, stop_signals, train_state, trained_model, trainer
+from training import partitioning, run_dir, run_log, stop_signals, train_state, trainer
+from evaluation import trained_model
 from training.checkpointing import CheckpointError
 from tests.test_sweep import write_sweep
 from tests.sweep_fixtures import env_with_devices

@@ -207,7 +207,8 @@ def test_dry_run_prints_one_quoted_train_command_per_run_and_writes_nothing(tmp_
   result = run_sweep_cli(f'{XIONG}:bogus', f'--workdir={workdir}', '--dry_run')
   assert result.returncode != 0
   assert result.stderr.strip() == ("sweep.py: configs/sweeps/xiong2020.py preset 'bogus' is not one of: "
-                                   'warmup, depth, norm, position, warmup_cpu, norm_cpu, position_cpu')
+                                   'warmup, depth, norm, position, warmup_cpu, norm_cpu, position_cpu, '
+                                   'converge, converge_key, converge_sgd')
 
 
 def test_a_failing_run_is_reported_and_the_sweep_goes_on_to_exit_status_1(tmp_path):

@@ -13,7 +13,8 @@ from data import datasets, pipeline, token_ids
 from data import tokenizer as tokenizer_lib
 from data import vocabularies as vocabularies_lib
 from analysis import experiment
-from training import partitioning, run_dir, trained_model, trainer, validation
+from training import config_checks, partitioning, run_dir, trainer
+from evaluation import trained_model
 from tests import data_fixtures
 from tests.data_fixtures import multi30k_config  # pylint: disable=unused-import
 
@@ -131,7 +132,7 @@ def test_bad_vocabulary_settings_are_named_before_anything_is_built(overrides, m
   config = base.get_config()
   config.update_from_flattened_dict(overrides)
   with pytest.raises(ValueError, match=f'^{message}$'):
-    validation.check_config(config)
+    config_checks.check_config(config)
 
 
 def test_the_analyses_refuse_separate_vocabularies_before_preparing_anything(tmp_path):

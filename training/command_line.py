@@ -41,21 +41,21 @@ def parse_flags(argv: list[str]) -> list[str]:
 def _checked(flag_values: flags.FlagValues) -> ml_collections.ConfigDict:
   # Imported here: it loads JAX (through the model config), which scripts/report.py, reading
   # sweep folders through experiments/sweeps.py, has no use for.
-  from training import validation  # pylint: disable=g-import-not-at-top
+  from training import config_checks  # pylint: disable=g-import-not-at-top
   try:
     config = flag_values.config
     config.keys()  # config_flags loads the file and applies overrides lazily, on first use
   except Exception as error:  # IOError, AttributeError (unknown key), flags.Error, ...
     raise ValueError(f'invalid command line: {one_line_error(error)}') from None
   try:
-    validation.check_config(config)
+    config_checks.check_config(config)
   except ValueError as error:
     raise ValueError(f'invalid config: {error}') from None
   return config
 
 
 def config_from_flags() -> ml_collections.ConfigDict:
-  """The parsed --config, validated (training/validation.py), or SystemExit with one line."""
+  """The parsed --config, validated (training/config_checks.py), or SystemExit with one line."""
   try:
     return _checked(flags.FLAGS)
   except ValueError as error:

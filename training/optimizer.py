@@ -40,7 +40,7 @@ from model.choices import lookup
 class RunLength(NamedTuple):
   """A run's length as its learning-rate schedule sees it.
 
-  The schedule was made for `horizon` steps. A later plan of a budgeted run (training/budget_plan.py)
+  The schedule was made for `horizon` steps. A later plan of a budgeted run (training/time_budget.py)
   moves the end to `last_step` at step `revised_at`, where the schedule had reached position
   `revised_from`: from there the rest of the schedule is stretched (or squeezed) over the steps
   left, so the learning rate stays continuous and reaches 0 at `last_step` instead of jumping to

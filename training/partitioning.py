@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = 'data'
@@ -72,3 +73,19 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes, process_id=process_id)
+
+
+def agreed(value: int) -> int:
+  """Process 0's `value` (an int or bool) on every process: whether it locked the run folder, what it
+  read from the records, what it planned from its clock."""
+  if jax.process_count() == 1:
+    return value
+  return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
+def agreed_numbers(values: tuple[float, ...]) -> tuple[float, ...]:
+  """Process 0's `values` on every process, as float32 (exact for integers below 2**24)."""
+  if jax.process_count() == 1:
+    return tuple(values)
+  return tuple(float(value) for value in
+               multihost_utils.broadcast_one_to_all(np.asarray(values, np.float32)))

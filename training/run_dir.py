@@ -18,6 +18,7 @@ has no append and no lock: appends rewrite the file, and `RunLock` holds nothing
 writer per run is the launcher's to ensure (scripts/sweep.py's modes give each run one trainer).
 """
 
+import contextlib
 import datetime
 import fcntl
 import json
@@ -26,9 +27,12 @@ import socket
 from typing import Any
 
 from etils import epath
+import jax
 import ml_collections
+from jax.experimental import multihost_utils
 
 from data import vocabularies
+from training.partitioning import agreed
 
 CONFIG_FILE = 'config.json'
 TOKENIZER_FILE = 'tokenizer.model'  # a joint vocabulary's; see tokenizer_files
@@ -250,3 +254,45 @@ class RunLock:
 
   def __exit__(self, *exc_info) -> None:
     self.release()
+
+
+def load_run_vocabularies(workdir: str, data_config) -> vocabularies.Vocabularies:
+  """The run's own vocabularies: WORKDIR/tokenizer.model (or one per language, see
+  tokenizer_files), copied there from the cache on first start.
+
+  Keeping a copy in the workdir means resuming and eval.py never depend on a cache that may have
+  been cleared or rebuilt. Process 0 prepares data and tokenizers first, so processes sharing a
+  cache never race.
+  """
+  files = tokenizer_files(data_config)
+  # File name -> a language it encodes (a joint vocabulary's one file encodes both).
+  missing = {name: lang for lang, name in files.items() if not path(workdir, name).exists()}
+  if jax.process_index() == 0 and missing:
+    cached = vocabularies.get_vocabularies(data_config)
+    for name, lang in missing.items():
+      target = path(workdir, name)
+      temporary = target.with_name(target.name + '.tmp')
+      cached.by_language[lang].model_path.copy(temporary, overwrite=True)
+      temporary.replace(target)
+  multihost_utils.sync_global_devices('data and tokenizer prepared')
+  return vocabularies.load({lang: path(workdir, name) for lang, name in files.items()},
+                               data_config)
+
+
+@contextlib.contextmanager
+def claim_run_folder(workdir: str):
+  """Holds `workdir`'s RunLock for the block: taken by process 0, honoured by every process."""
+  lock = RunLock(workdir)
+  refusal = None
+  if jax.process_index() == 0:
+    try:
+      lock.acquire()
+    except RunFolderError as error:
+      refusal = error
+  if not agreed(refusal is None):
+    raise refusal or RunFolderError(f'{workdir} is being trained by another run '
+                                            '(process 0 could not lock it)')
+  try:
+    yield
+  finally:
+    lock.release()

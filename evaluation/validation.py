@@ -8,7 +8,8 @@ import jax
 from data import datasets, pipeline
 from data.vocabularies import Vocabularies
 from model.transformer import Transformer
-from training import partitioning, translating
+from training import partitioning
+from evaluation import translating
 
 
 class Evaluator:

@@ -13,7 +13,8 @@ import ml_collections
 from configs import base
 from data import datasets, vocabularies as vocabularies_lib
 from model.transformer import Transformer
-from training import averaging, partitioning, run_dir, train_state, validation
+from training import config_checks, partitioning, run_dir, train_state
+from evaluation import averaging
 from training.checkpointing import Checkpointer, DamagedCheckpointError, first_mismatch
 
 _CHECKPOINT_FORMS = "'last', 'best', a saved step such as 3000, or 'avg:N' with N >= 1"
@@ -54,7 +55,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   config = base.get_config()
   try:
     config.update_from_flattened_dict(run_dir.flatten(resolved))
-    validation.check_config(config)
+    config_checks.check_config(config)
   except (TypeError, ValueError) as error:
     raise ValueError(f'{path}: {error}') from None
   return config

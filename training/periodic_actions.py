@@ -1,0 +1,274 @@
+"""The training loop's periodic actions: each owns its cadence and its state (clu's periodic actions).
+
+trainer.py's loop dispatches a step, advances `Progress` and hands the step to them:
+  MetricsReport  every train.log_every steps: the metrics record, the console, divergence
+  Validation     every train.eval_every steps: validation loss and greedy BLEU
+  Checkpointing  every train.checkpoint_every steps, and on a stop signal
+  EpochClock     each epoch's wall time
+  (time_budget.BudgetKeeper: a budgeted run's plans and its early end)
+`Clock` keeps the seconds that are not training (compiling, validating, saving) out of tokens/s
+and out of a budget's step timing; `MetricsWindow` holds the step metrics summed on device.
+"""
+
+import dataclasses
+import math
+import threading
+import time
+
+from absl import logging
+import jax
+
+from evaluation.validation import Evaluator
+from training import run_log, train_state
+from training.checkpointing import Checkpointer
+
+
+@dataclasses.dataclass
+class Progress:
+  """Where the loop is; the loop advances it, a budget's plan moves `total_steps`."""
+  step: int
+  total_steps: int  # the run's last step: num_steps / num_epochs, or fewer under a time budget
+  epoch: int = 0
+  steps_this_run: int = 0  # steps of this invocation
+
+  @property
+  def at_end(self) -> bool:
+    return self.step == self.total_steps
+
+
+class Clock:
+  """This invocation's clocks: the run's wall time, the metrics window's, and the paused seconds."""
+
+  def __init__(self, run_start: float, earlier_seconds: float = 0.0):
+    """Args: run_start: perf_counter at the invocation's start; earlier_seconds: wall time of the
+    run's earlier invocations, up to their last checkpoint."""
+    self._run_start, self._earlier_seconds = run_start, earlier_seconds
+    self.window_start = time.perf_counter()
+    self.paused = 0.0  # seconds of this invocation spent compiling, validating and saving
+
+  def invocation_seconds(self) -> float:
+    return time.perf_counter() - self._run_start
+
+  def run_seconds(self) -> float:
+    """Wall time of the run so far: earlier invocations up to their last checkpoint, and this one."""
+    return self._earlier_seconds + time.perf_counter() - self._run_start
+
+  def pause(self, seconds: float) -> None:
+    """Leaves `seconds` of this invocation out of training time."""
+    self.paused += seconds
+    self.window_start += seconds
+
+  def window_seconds(self, until: float | None = None) -> float:
+    return (time.perf_counter() if until is None else until) - self.window_start
+
+  def new_window(self, seconds_so_far: float = 0.0) -> None:
+    """Starts a metrics window that already holds `seconds_so_far` of training (a restored one)."""
+    self.window_start = time.perf_counter() - seconds_so_far
+
+
+class MetricsWindow:
+  """The metric sums of the steps since the last record, on device (train_state.accumulate_metrics)."""
+
+  def __init__(self, new_window, saved_sums: dict | None = None, *, replicated=None):
+    self._new_window = new_window
+    if saved_sums is None:
+      self.sums = new_window()
+    else:
+      self.sums = jax.jit(lambda: train_state.metrics_window_from_json(saved_sums),
+                          out_shardings=replicated)()
+
+  def settle(self) -> dict:
+    """Waits for the queued steps; returns their sums on the host, or stops a run gone non-finite.
+
+    Called only where the host needs the device anyway: to log, evaluate, save or stop.
+    """
+    host = jax.device_get(self.sums)
+    if host['nonfinite_step']:
+      raise run_log.DivergenceError(int(host['nonfinite_step']),
+                                    f'loss={host["nonfinite_loss"]}, grad_norm='
+                                    f'{host["nonfinite_grad_norm"]} (must be finite)')
+    return host
+
+  def reset(self) -> None:
+    self.sums = self._new_window()
+
+
+class MetricsReport:
+  """Every `log_every` steps (and the last): one metrics record, the console, the divergence watch."""
+
+  def __init__(self, *, log_every: int, writer: run_log.MetricsWriter, console, loss_watch,
+               window: MetricsWindow, clock: Clock, compile_seconds: dict, schedule):
+    self._log_every, self._writer, self._console = log_every, writer, console
+    self._loss_watch, self._window, self._clock = loss_watch, window, clock
+    self._compile_seconds, self._schedule = compile_seconds, schedule
+
+  def __call__(self, progress: Progress) -> None:
+    step = progress.step
+    if step % self._log_every and not progress.at_end:
+      if self._console:
+        self._console.step(step)
+      return
+    sums = self._window.settle()
+    elapsed = self._clock.window_seconds()
+    record = {
+        'epoch': progress.epoch,
+        'train_loss': float(sums['train_loss'] / sums['steps']),
+        'train_nll': float(sums['train_nll'] / sums['steps']),
+        'grad_norm': float(sums['grad_norm']),
+        'learning_rate': self._schedule.learning_rate(step),
+        'tokens_per_sec': float(sums['target_tokens']) / elapsed,
+        'compiled_shapes': len(self._compile_seconds),
+        'compile_seconds': float(sum(self._compile_seconds.values())),
+    }
+    self._writer.write(step, record)
+    self._loss_watch.check(step, record['train_loss'])
+    if self._console:
+      self._console.update(step, epoch=progress.epoch, loss=record['train_loss'],
+                           lr=record['learning_rate'], tok_s=record['tokens_per_sec'])
+    self._window.reset()
+    self._clock.new_window()
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationResult:
+  metrics: dict
+  seconds: float  # the validation's wall time, less its compiling
+  compile_seconds: float  # what it compiled, which later validations reuse
+
+
+class Validation:
+  """Every `eval_every` steps (and the last): loss and greedy BLEU on the validation split."""
+
+  def __init__(self, *, every: int, evaluator: Evaluator, writer: run_log.MetricsWriter, say,
+               earlier_records: list[dict]):
+    self._every, self._evaluator, self._writer, self._say = every, evaluator, writer, say
+    earlier = [record for record in earlier_records if 'eval_loss' in record]
+    self._best = {'eval_loss': min((record['eval_loss'] for record in earlier), default=math.inf),
+                  'bleu': max((record['bleu'] for record in earlier), default=-math.inf)}
+
+  def due(self, progress: Progress, also_at: int | None = None) -> bool:
+    return progress.step % self._every == 0 or progress.at_end or progress.step == also_at
+
+  def __call__(self, progress: Progress, state: train_state.TrainState,
+               window: MetricsWindow) -> ValidationResult:
+    window.settle()
+    start = time.perf_counter()
+    with CompileClock() as compiling:
+      metrics = self._evaluator(train_state.model_variables(state.params, state.batch_stats), state)
+    # A later validation reuses what this one compiled: a time budget charges it without that.
+    seconds = time.perf_counter() - start - compiling.seconds
+    self._writer.write(progress.step, metrics)
+    logging.info('step %d: %s', progress.step, metrics)
+    self._best['eval_loss'] = min(self._best['eval_loss'], metrics['eval_loss'])
+    self._best['bleu'] = max(self._best['bleu'], metrics['bleu'])
+    self._say(f'step {progress.step}: validation loss {metrics["eval_loss"]:.3f} (best '
+              f'{self._best["eval_loss"]:.3f}), greedy BLEU {metrics["bleu"]:.2f} (best '
+              f'{self._best["bleu"]:.2f})')
+    return ValidationResult(metrics, seconds, compiling.seconds)
+
+
+class Checkpointing:
+  """Every `every` steps (and the last, and on a stop signal): the state and what resuming needs.
+
+  A checkpoint holds, besides the state, the data iterator's position, the epoch, the metric sums
+  of the steps not yet recorded and their training seconds (so the next record after a resume
+  covers the same steps as an uninterrupted run's), and the run's wall time so far.
+  """
+
+  def __init__(self, *, every: int, save_on_stop_after: int, checkpointer: Checkpointer,
+               train_iter, clock: Clock, last_saved: int):
+    self._every, self._save_on_stop_after = every, save_on_stop_after
+    self._checkpointer, self._train_iter, self._clock = checkpointer, train_iter, clock
+    self.last_saved = last_saved
+
+  def due(self, progress: Progress, also_at: int | None = None) -> bool:
+    return progress.step % self._every == 0 or progress.at_end or progress.step == also_at
+
+  def save(self, progress: Progress, state: train_state.TrainState, sums: dict,
+           window_seconds: float, metrics: dict | None = None, force: bool = False) -> float:
+    """Saves at `progress.step` with the window's host `sums`; returns the seconds the loop waited."""
+    start = time.perf_counter()
+    extra = {'data_iterator': self._train_iter.get_state(), 'epoch': progress.epoch,
+             'metrics_window': {'sums': train_state.metrics_window_to_json(sums),
+                                'seconds': window_seconds},
+             'run_seconds': self._clock.run_seconds()}
+    self._checkpointer.save(progress.step, state, extra, metrics=metrics, force=force)
+    self.last_saved = progress.step
+    return time.perf_counter() - start
+
+  def save_on_stop(self, progress: Progress, state: train_state.TrainState,
+                   window: MetricsWindow) -> bool:
+    """Before a stop: saves unless the last checkpoint is fewer than save_on_stop_after steps old."""
+    sums = window.settle()
+    due = bool(self._save_on_stop_after
+               and progress.step - self.last_saved >= self._save_on_stop_after)
+    if due:
+      self.save(progress, state, sums, self._clock.window_seconds(), force=True)
+    self._checkpointer.wait_until_finished()
+    return due
+
+
+class EpochClock:
+  """Each epoch's wall time, data, steps, validation, checkpoints and compiling included, for the
+  epochs this invocation trains whole (`epoch_finished`, `epoch_seconds` records)."""
+
+  def __init__(self, writer: run_log.MetricsWriter, steps_per_epoch: int):
+    self._writer, self._steps_per_epoch = writer, steps_per_epoch
+    self._start: float | None = None  # None: this invocation began inside the epoch
+
+  def before_step(self, progress: Progress, batch_epoch: int) -> None:
+    """Called with the epoch of the batch about to be trained."""
+    if batch_epoch != progress.epoch or progress.steps_this_run == 0:
+      self.finish(progress)
+      self._start = time.perf_counter() if progress.step % self._steps_per_epoch == 0 else None
+    progress.epoch = batch_epoch
+
+  def finish(self, progress: Progress) -> None:
+    """Records the epoch just finished, if this invocation saw all of it."""
+    if self._start is not None:
+      seconds = time.perf_counter() - self._start
+      self._writer.write(progress.step, {'epoch_finished': progress.epoch, 'epoch_seconds': seconds})
+      logging.info('epoch %d finished at step %d in %.1f s', progress.epoch, progress.step, seconds)
+
+
+class CompileClock:
+  """Context manager: `seconds` is the compile time, in this thread, of the `with` block.
+
+  A first validation compiles its decoder as it runs: most of it on an accelerator, about half on
+  a 2-core CPU. A time budget that charged every later validation the first one's compilation would
+  plan far too few steps where validations are frequent, so `Validation` leaves it out.
+
+  The clock listens to jax.monitoring's compile events (`/jax/core/compile/...`), each a span of
+  wall time, and counts their union in its own thread: spans that nest (a jitted function traced
+  inside another's trace) count once, another thread's compilation (a checkpoint's background
+  save) not at all.
+  """
+
+  _PREFIX = '/jax/core/compile/'
+
+  def __init__(self):
+    self._spans: list[tuple[float, float]] = []
+    self._thread = threading.get_ident()
+
+  def _listen(self, event: str, start: float, end: float, **fields) -> None:
+    del fields  # function names and the like
+    if event.startswith(self._PREFIX) and threading.get_ident() == self._thread:
+      self._spans.append((start, end))
+
+  def __enter__(self) -> 'CompileClock':
+    self._thread = threading.get_ident()
+    jax.monitoring.register_event_time_span_listener(self._listen)
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    jax.monitoring.unregister_event_time_span_listener(self._listen)
+
+  @property
+  def seconds(self) -> float:
+    """The union of the compile spans seen so far, in seconds."""
+    total, covered_to = 0.0, float('-inf')
+    for start, end in sorted(self._spans):
+      if end > covered_to:
+        total += end - max(start, covered_to)
+        covered_to = end
+    return total

@@ -1,0 +1,107 @@
+"""The compiled training step as the loop calls it: one dispatch per batch, compiled per batch shape.
+
+The run's length (`optimizer.RunLength`) and the seed's dropout key are arguments of the compiled
+step, not constants inside it: a budgeted run's plans, and runs that differ only in seed or
+length, reuse one compiled program (and the persistent compilation cache). Both are made by
+jitted calls, so that every process holds its replica, as it does the state's.
+"""
+
+import time
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from model.transformer import Transformer
+from training import partitioning, train_state
+from training.optimizer import RunLength, make_optimizer
+
+
+class Schedule:
+  """The run's learning-rate schedule and its length as the compiled step's argument.
+
+  A time budget's plan moves the run's end (`set`); the records read the rate from here.
+  """
+
+  def __init__(self, optim_config: ml_collections.ConfigDict, steps_per_epoch: int, mesh,
+               length: RunLength):
+    self._optim_config, self._steps_per_epoch = optim_config, steps_per_epoch
+    self._replicated = partitioning.replicated(mesh)
+    self.set(length)
+
+  def set(self, length: RunLength) -> None:
+    """Follows a run of `length` from now on (checked by make_optimizer)."""
+    _, self._schedule = make_optimizer(self._optim_config, steps_per_epoch=self._steps_per_epoch,
+                                       total_steps=length)
+    # float32 scalars: a revised length's fractional position fits, and every value traces alike.
+    self.argument = jax.jit(lambda: RunLength(*(jnp.float32(value) for value in length)),
+                            out_shardings=self._replicated)()
+
+  def learning_rate(self, step: int) -> float:
+    """The rate of the update that made `step` (optax's count is the updates before it)."""
+    return float(self._schedule(step - 1))
+
+
+class TrainStep:
+  """`train_state.train_step` jitted over the mesh, with the step's metrics summed on device.
+
+  The host stays one step ahead of the device: a call waits for the step before it while its own
+  runs, so a stop signal (handled between Python calls) acts within a step. A batch shape met for
+  the first time compiles before it dispatches; those seconds go to `compile_seconds` and to the
+  clock's pauses, not to training throughput.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, model: Transformer, mesh,
+               steps_per_epoch: int, clock):
+    replicated = partitioning.replicated(mesh)
+    self._mesh, self._clock = mesh, clock
+    self._dropout_key = jax.jit(lambda: jax.random.PRNGKey(config.train.seed + 1),
+                                out_shardings=replicated)()
+    self.microbatch_tokens = train_state.microbatch_tokens(config)
+
+    def step_and_accumulate(state, window, batch, dropout_key, length):
+      tx_of_length, _ = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch,
+                                       total_steps=length)
+      state, metrics = train_state.train_step(state, batch, model=model, tx=tx_of_length,
+                                              label_smoothing=config.train.label_smoothing,
+                                              dropout_key=dropout_key,
+                                              microbatch_tokens=self.microbatch_tokens)
+      # The step number again, as an output of its own that is not donated to the next step:
+      # the loop waits on it to stay at most one step ahead of the device.
+      return state, train_state.accumulate_metrics(window, metrics, state.step), state.step + 0
+
+    self._jitted = jax.jit(
+        step_and_accumulate,
+        in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh), replicated,
+                      replicated),
+        out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
+    # Jitted, so every sum is its own buffer (the step donates them).
+    self.new_window = jax.jit(train_state.empty_metrics_window, out_shardings=replicated)
+    self.compile_seconds: dict[tuple, float] = {}  # per padded batch shape [B, T, S]
+    self._previous_step_done = None
+
+  def __call__(self, state: train_state.TrainState, window: dict, local_batch: dict,
+               length: RunLength) -> tuple[train_state.TrainState, dict]:
+    """Dispatches one step on this process's rows of a batch; returns the new state and window."""
+    shape = (tuple(local_batch['decoder_input_tokens'].shape)
+             + local_batch['encoder_input_tokens'].shape[1:])
+    new_shape = shape not in self.compile_seconds
+    if new_shape:
+      # The call below compiles before dispatching. Steps already queued would run during the
+      # compilation and be counted out of the throughput with it: let them finish first.
+      jax.block_until_ready(window)
+    dispatch_start = time.perf_counter()
+    state, window, step_done = self._jitted(
+        state, window, partitioning.global_batch(local_batch, self._mesh), self._dropout_key,
+        length)
+    if new_shape:
+      seconds = time.perf_counter() - dispatch_start
+      self.compile_seconds[shape] = seconds
+      logging.info('train step compiled for batch shape %s in %.1f s (%d shapes so far)', shape,
+                   seconds, len(self.compile_seconds))
+      self._clock.pause(seconds)
+    if self._previous_step_done is not None:
+      jax.block_until_ready(self._previous_step_done)
+    self._previous_step_done = step_done
+    return state, window
