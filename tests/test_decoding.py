@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import decoding
+from model import decoding, top_k
 
 PAD, EOS, BOS = 0, 1, 2
 V = 4  # Every token, pad and BOS included, can be generated.
@@ -359,7 +359,7 @@ def test_top_k_by_blocks_equals_lax_top_k_ties_included(vocab, k):
   x[1, 2, [7, 40]] = 0.5
   x[2, 0, :] = 1.0
   x = jnp.asarray(x, jnp.float32)
-  values, indices = decoding.top_k_by_blocks(x, k)
+  values, indices = top_k.top_k_by_blocks(x, k)
   expected_values, expected_indices = jax.lax.top_k(x, k)
   np.testing.assert_array_equal(values, expected_values)
   np.testing.assert_array_equal(indices, expected_indices)
