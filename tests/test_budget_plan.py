@@ -76,8 +76,8 @@ def test_a_plan_is_read_back_from_the_records_and_older_records_still_read():
   unplanned = new_plan()
   unplanned.resume(records[:1])
   assert not unplanned.planned and unplanned.end_step is None
-  # Written before 2026-11-27: no schedule fields (the planned length is the schedule's), and an
-  # older field of a recompilation's seconds that plans no longer count.
+  # The first format: no schedule fields (the planned length is the schedule's), and a
+  # recompilation's seconds that plans no longer count.
   older = {'step': 400, 'planned_steps': 7777, 'planned_from_elapsed_seconds': 12.5,
            'planned_from_step_seconds': 0.5, 'planned_from_eval_seconds': 20.0,
            'planned_from_save_seconds': 2.0, 'planned_from_compile_seconds': 30.0}

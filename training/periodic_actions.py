@@ -167,6 +167,30 @@ class Validation:
     return ValidationResult(metrics, seconds, compiling.seconds)
 
 
+# The version of the resume data a checkpoint holds beside the state, and what each one added:
+#   1  data_iterator, epoch
+#   2  metrics_window: the steps trained since the last record, so the next record covers them
+#   3  run_seconds (the run's wall time so far, which a time budget counts) and resume_format
+RESUME_FORMAT = 3
+
+
+def upgrade_resume_data(extra: dict) -> dict:
+  """A checkpoint's resume data of any format, in the current one.
+
+  A format-1 checkpoint resumes with an empty metrics window (its next record covers only the steps
+  after the resume); format 1 or 2 with no wall time counted before it.
+
+  Raises:
+    ValueError: the checkpoint was written by a newer format than this code reads.
+  """
+  found = extra.get('resume_format',
+                    3 if 'run_seconds' in extra else 2 if 'metrics_window' in extra else 1)
+  if found > RESUME_FORMAT:
+    raise ValueError(f'the checkpoint holds resume data of format {found}; this code reads formats '
+                     f'up to {RESUME_FORMAT}')
+  return {'metrics_window': None, 'run_seconds': 0.0, **extra, 'resume_format': RESUME_FORMAT}
+
+
 class Checkpointing:
   """Every `every` steps (and the last, and on a stop signal): the state and what resuming needs.
 
@@ -191,7 +215,7 @@ class Checkpointing:
     extra = {'data_iterator': self._train_iter.get_state(), 'epoch': progress.epoch,
              'metrics_window': {'sums': train_state.metrics_window_to_json(sums),
                                 'seconds': window_seconds},
-             'run_seconds': self._clock.run_seconds()}
+             'run_seconds': self._clock.run_seconds(), 'resume_format': RESUME_FORMAT}
     self._checkpointer.save(progress.step, state, extra, metrics=metrics, force=force)
     self.last_saved = progress.step
     return time.perf_counter() - start

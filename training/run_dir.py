@@ -176,8 +176,8 @@ def write_config(workdir: str, config: ml_collections.ConfigDict) -> None:
   _write_json(workdir, CONFIG_FILE, resolved_config(config))
 
 
-# What source.json's fingerprint is of; a record without it is of names, sizes and modification
-# times (before 2026-11-24), which a copied or re-extracted data folder changes.
+# What source.json's fingerprint is of; a record without it is of the first format, a fingerprint
+# of names, sizes and modification times, which a copied or re-extracted data folder changes.
 SOURCE_FINGERPRINT_COVERS = 'names and contents'
 
 

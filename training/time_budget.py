@@ -203,9 +203,9 @@ class BudgetPlan:
   def resume(self, records: list[dict]) -> None:
     """Takes up the latest plan in a run's earlier records (metrics.jsonl), if any.
 
-    Records written before plans were revised (2026-11-27) hold no schedule fields: their length is
-    the planned one. Older ones also hold the recompilation's seconds that plans used to count
-    (`planned_from_compile_seconds`), read past here.
+    A plan record of the first format holds no schedule fields (its schedule's length is the
+    planned one) and may hold a recompilation's seconds (`planned_from_compile_seconds`), which
+    plans no longer count and this reads past.
     """
     for record in reversed(records):
       if 'planned_steps' in record:

@@ -232,7 +232,7 @@ def _set_up(config: ml_collections.ConfigDict, workdir: str, changes: dict,
       warmup_steps=config.optim.warmup_steps, log_every=config.train.log_every, start_step=step,
       writer=writer, say=say, is_primary=is_primary, agreed=partitioning.agreed)
   saved_window = resumed.get('metrics_window')
-  clock = actions.Clock(run_start, resumed.get('run_seconds', 0.0))
+  clock = actions.Clock(run_start, resumed.get('run_seconds', 0.0))  # {} for a new run
   schedule = Schedule(config.optim, steps_per_epoch, mesh, plan.length or RunLength.fixed(total_steps))
   train_step = TrainStep(config, model, mesh, steps_per_epoch, clock)
   # The steps after the last record, trained before the checkpoint: the next record covers them
@@ -284,6 +284,7 @@ def _restore(checkpointer: Checkpointer, state: train_state.TrainState, train_it
     return None, state, {}
   latest, state, extra = checkpointer.restore_newest_intact(
       state, on_damaged=lambda error: say(f'{error}; trying the next older checkpoint'))
+  extra = actions.upgrade_resume_data(extra)
   train_iter.set_state(extra['data_iterator'])
   logging.info('resumed from step %d', latest)
   for damaged in [step for step in checkpointer.all_steps() if step > latest]:
