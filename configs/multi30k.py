@@ -5,26 +5,20 @@
   python train.py --config=configs/multi30k.py:en_de --workdir=runs/m30k_en  # En->De
   python eval.py --workdir=runs/m30k_en --split=test_2016                    # beam 5, last, lp 1.0
 
-Presets (after the colon), each direction with the recipe that won on its own validation split
-(docs/results.md, section 7):
+Presets (after the colon), each direction with the recipe chosen on its own validation split
+(docs/results.md, section 7; tokenized BLEU on test_2016, beam 5, last checkpoint):
   'de_en' (default)  Wu et al.'s "Transformer-tiny" shape (4+4, d_model 128), 9600 steps of packed
-                     rows, dropout 0.3: 49.2-54.2 min on the 2-core Zen 5 VM, test_2016 tokenized
-                     BLEU 42.91 ± 0.28 (3 seeds), beam 5. Until 2026-11-25 4800 steps at dropout
-                     0.1: 41.75 packed (seed 0), 41.37 ± 0.59 one pair per row (3 seeds).
-  'en_de'            the same recipe: 51.1-51.5 min, test_2016 tokenized BLEU 39.92 ± 0.03 (3 seeds),
-                     beam 5; Wu et al.'s 41.02 is not reached.
-                     Before, 4800 steps one pair per row (lp 1.4): 38.05 ± 0.42 (3 seeds); until
-                     2026-11-25 2000 steps at dropout 0.1 (37.45).
-  'de_en_small'      De->En with 3+3 layers, d_model 256, 1000 steps: the default until 2026-11-24
-                     (test_2016 39.31) and the model of docs/results.md's analyses and sweeps.
-The 9600 steps were sized on the Zen 5 VM. On an Intel Xeon VM (2026-11-26) an :en_de epoch took
-~97 s instead of ~46 s, so 9600 steps would take ~1 h 45 min there; both hour presets therefore
-carry train.time_budget_minutes=60: at the end of warmup (step 400) a run times its steps, one
-validation and one checkpoint, and trains the most steps up to 9600 that end within the hour;
-each later validation (every 2400 steps) plans again from the steps timed since
-(training/budget_plan.py). On the Zen 5 VM that is all 9600, by those runs' times. On the Xeon VM
-De->En planned 4957 and 4545 steps; test_2016 tokenized BLEU 42.88 and 41.77 (seeds 0 and 1,
-docs/results.md 7); En->De planned 4711 and ended at 4650: 39.35 (seed 0).
+                     rows, dropout 0.3, under a 60-minute time budget: 42.91 ± 0.28 (3 seeds,
+                     9600 steps in 49-54 min on a 2-core AMD Zen 5 VM).
+  'en_de'            the same recipe: 39.92 ± 0.03 (3 seeds, the same VM); Wu et al.'s 41.02 is not
+                     reached.
+  'de_en_small'      De->En with 3+3 layers, d_model 256, 1000 steps: the model of docs/results.md's
+                     analyses and sweeps (39.31, one seed, the average of its last 3
+                     checkpoints).
+The hour presets carry train.time_budget_minutes=60: at the end of warmup (step 400) a run times its
+steps, one validation and one checkpoint and trains the most steps up to 9600 that end within the
+hour, planning again at each later validation (training/time_budget.py). A 2-core AMD Zen 5 VM fits
+all 9600; a 2-core Intel Xeon VM about half (docs/results.md, 7).
 --config.train.time_budget_minutes=0 trains all 9600 wherever the hour allows it or not.
 """
 
@@ -33,7 +27,7 @@ from configs import base
 
 def _small(config):
   """The bentrevett/Wu et al. "small" scale: 3+3 layers, d_model 256, 4 heads, 1000 steps."""
-  # The De->En default until 2026-11-24 and the model of docs/results.md's analyses and sweeps.
+  # The model of docs/results.md's analyses and sweeps.
   config.model.update(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3,
                       num_decoder_layers=3)
   # Pre-LN tolerates this peak; cosine ends at lr 0 on the last step, where inverse_sqrt would
@@ -70,15 +64,15 @@ def _tiny_hour(config):
   # At 32 epochs dropout 0.1 overfits both directions: validation NLL rose from step 2400 to 4800
   # (En->De 1.693 to 1.714, De->En packed 1.602 to 1.640). Wu et al.'s 0.3 and twice the steps,
   # which packed rows made cheap enough for the hour, kept it falling to the end: 1.538 (En->De)
-  # and 1.466 (De->En) at 9600, in 51.1 and 54.2 min for the whole process on the 2-core Zen 5 VM
-  # (2026-11-25, one seed each; evaluation and checkpoints included).
+  # and 1.466 (De->En) at 9600, in 51.1 and 54.2 min for the whole process on a 2-core AMD Zen 5
+  # VM (one seed each; evaluation and checkpoints included).
   _tiny(config)
   _packed_rows(config)
   config.model.dropout_rate = 0.3
   config.train.update(num_steps=9600, eval_every=2400, checkpoint_every=400)
-  # The hour is the issue's budget on 2 cores: where 9600 steps would not fit it (an Intel Xeon VM
-  # takes ~1 h 45 min for them), the run plans fewer at the end of warmup and its cosine ends there
-  # (moved at each later validation where the steps since say so).
+  # An hour on 2 cores: where 9600 steps would not fit it (a 2-core Intel Xeon VM takes ~1 h 45 min
+  # for them), the run plans fewer at the end of warmup and its cosine ends there (moved at each
+  # later validation where the steps since say so).
   config.train.time_budget_minutes = 60.0
   # Validation, beam 5, last checkpoint, tokenized BLEU at length penalty 0.6 / 1.0 / 1.4:
   # En->De 41.13 / 41.48 / 41.30, De->En 43.57 / 43.64 / 42.69. Averaging the last 5 checkpoints

@@ -30,8 +30,14 @@ _COLUMNS = (
     ('final_bleu', 'final BLEU', '.2f'),
     ('best_bleu', 'best BLEU', '.2f'),
     ('final_train_loss', 'final train loss', '.3f'),
+    ('val_loss_change_last_fifth', 'val loss change, last fifth', '.1%'),
+    ('loss_spikes', 'loss spikes', '.2g'),
     ('median_tokens_per_sec', 'tokens/s', '.0f'),
 )
+# A run has converged when its validation loss moved less than this over the last fifth of its steps.
+CONVERGED_CHANGE = 0.01
+# A loss spike: a logged window whose mean training loss is above this multiple of the window before.
+SPIKE_FACTOR = 1.5
 
 
 @dataclasses.dataclass
@@ -133,6 +139,26 @@ def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
   return runs, fields
 
 
+def last_fifth_change(evals: list[dict]) -> float | None:
+  """|L_end - L_start| / L_start of validation loss, L_end the last validation's and L_start the last
+  one at or before 80% of its step; None without two such validations."""
+  finite = [record for record in evals if math.isfinite(record['eval_loss'])]
+  if len(finite) < 2:
+    return None
+  last = finite[-1]
+  starts = [record for record in finite[:-1] if record['step'] <= 0.8 * last['step']]
+  if not starts:
+    return None
+  start = starts[-1]['eval_loss']
+  return abs(last['eval_loss'] - start) / start
+
+
+def loss_spikes(train: list[dict]) -> int:
+  """Logged windows whose mean training loss is above SPIKE_FACTOR times the window before's."""
+  losses = [record['train_loss'] for record in train]
+  return sum(after > SPIKE_FACTOR * before for before, after in zip(losses, losses[1:]))
+
+
 def state_text(status: dict | None) -> str:
   """'finished', 'diverged@40', 'stopped@80', 'failed@120', 'running@250' or 'not started'."""
   if status is None:
@@ -155,6 +181,8 @@ def summarise(run: RunRecords) -> dict[str, Any]:
       'final_bleu': bleus[-1] if bleus else None,
       'best_bleu': max(bleus) if bleus else None,
       'final_train_loss': run.train[-1]['train_loss'] if run.train else None,
+      'val_loss_change_last_fifth': last_fifth_change(run.evals),
+      'loss_spikes': loss_spikes(run.train) if run.train else None,
       # The median leaves out the first window, which includes compilation.
       'median_tokens_per_sec': statistics.median(speeds) if speeds else None,
   }

@@ -7,7 +7,9 @@ Reads every run's status.json, metrics.jsonl, config.json and eval/<split>.json 
 the sweep folder and writes report.md, report.csv, train_loss.png, val_loss.png and val_bleu.png.
 A row per run: its swept fields, its state (finished, diverged@STEP, failed@STEP, running@STEP,
 not started), final and best validation loss (with the step), final and best greedy BLEU, final
-training loss, median tokens/s and the BLEU of every eval.py split. The runs and swept fields
+training loss, the validation loss's change over the last fifth of the run (converged below 1%),
+loss spikes (logged windows above 1.5x the one before), median tokens/s and the BLEU of every
+eval.py split. The runs and swept fields
 come from the folder's sweep.json; without one (runs launched from --dry_run commands), from the
 config.json fields that differ between the subfolders. Works on a sweep still running.
 """

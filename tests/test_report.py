@@ -64,15 +64,18 @@ def test_report_tables_every_run_with_its_state_and_scores(sweep_dir, tmp_path):
   assert '4 runs, the sweep of `configs/sweeps/x.py`: 1 diverged, 2 finished, 1 not started.' in markdown
   rows = [line.strip('| ').split(' | ') for line in markdown.splitlines() if line.startswith('| ')]
   assert rows[0] == ['run', 'norm_position', 'warmup', 'state', 'final val loss', 'best val loss', 'at step',
-                     'final BLEU', 'best BLEU', 'final train loss', 'tokens/s', 'test_2016 BLEU',
-                     'test_2016 tok. BLEU']
+                     'final BLEU', 'best BLEU', 'final train loss', 'val loss change, last fifth',
+                     'loss spikes', 'tokens/s', 'test_2016 BLEU', 'test_2016 tok. BLEU']
+  # 6.5 -> 40.0 is a spike (above 1.5x the window before).
   assert rows[2] == ['norm_position=post,warmup=0', 'post', '0', 'diverged@30', '–', '–', '–', '–', '–',
-                     '40.000', '200', '–', '–']
+                     '40.000', '–', '1', '200', '–', '–']
+  # Validation loss 5.1 at step 20 (the last at or before 80% of step 40), 4.4 at 40: 13.7%.
   assert rows[3] == ['norm_position=post,warmup=500', 'post', '500', 'finished', '4.400', '4.400', '40',
-                     '8.00', '8.00', '4.000', '450', '12.30', '14.00']
+                     '8.00', '8.00', '4.000', '13.7%', '0', '450', '12.30', '14.00']
   assert rows[4][3:8] == ['finished', '4.600', '4.500', '20', '9.50']  # best before final
+  assert rows[4][10] == '2.2%'
   # Not started: the swept values still come from sweep.json.
-  assert rows[5] == ['norm_position=pre,warmup=500', 'pre', '500', 'not started'] + ['–'] * 9
+  assert rows[5] == ['norm_position=pre,warmup=500', 'pre', '500', 'not started'] + ['–'] * 11
   assert '![train_loss](train_loss.png)' in markdown
 
   with open(out_dir / 'report.csv') as f:
@@ -170,3 +173,14 @@ def test_mean_curve_averages_the_seeds_present_at_each_step():
       [[{'step': 10, 'x': 1.0}, {'step': 20, 'x': 3.0}], [{'step': 10, 'x': 2.0}]], 'x')
   assert steps == [10, 20] and means == [1.5, 3.0]
   assert stds[0] == pytest.approx(np.std([1.0, 2.0], ddof=1)) and stds[1] is None
+
+
+def test_convergence_and_spikes_follow_their_stated_criteria():
+  evals = [{'step': step, 'eval_loss': loss} for step, loss in
+           ((1000, 3.0), (4000, 2.02), (8000, 2.005), (10000, 2.0))]
+  # The last validation at or before step 8000 is 2.005: 0.25% change, converged by the 1% rule.
+  assert results.last_fifth_change(evals) == pytest.approx(0.005 / 2.005)
+  assert results.last_fifth_change(evals) < results.CONVERGED_CHANGE
+  assert results.last_fifth_change(evals[:1]) is None
+  train = [{'train_loss': loss} for loss in (7.0, 5.0, 4.0, 6.1, 5.0, 7.6, 7.0)]
+  assert results.loss_spikes(train) == 2  # 4.0 -> 6.1 and 5.0 -> 7.6; 5.0 -> 7.5 would not be

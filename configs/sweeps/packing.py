@@ -1,17 +1,17 @@
 """Does packing several pairs per row (data.pack_length) change what the tiny De->En recipe learns
-from a fixed number of tokens? Issue 16's condition for a faster batching: validation loss after
-the same tokens no worse than one pair per row.
+from a fixed number of tokens? A faster batching is adopted only if validation loss after the same
+tokens is no worse than one pair per row.
 
   python -m scripts.sweep configs/sweeps/packing.py --workdir=runs/packing
   python -m scripts.report runs/packing --colour_by=pack_length
 
-Grid: pack_length 0 (one pair per row, the recipes' batching until 2026-11-25) and 32 (rows of 32
+Grid: pack_length 0 (one pair per row) and 32 (rows of 32
 tokens, several pairs each, attention kept within a pair) at max_tokens 4096, and 32 again at
 max_tokens 3520, 3 seeds each: 9 runs of `configs/multi30k.py:de_en` trained for the same number
 of epochs, so every run sees each training pair the same number of times. Packed batches hold
 more real tokens, so at the same max_tokens a packed epoch has fewer steps (128 against 150);
 at 3520 it has 149, so that arm changes only how rows are filled, not how many steps an epoch
-takes; `:de_en` and `:en_de` now batch that way. Each run's cosine schedule spans its own steps.
+takes; `:de_en` and `:en_de` batch that way. Each run's cosine schedule spans its own steps.
 Validation loss at the end. On the 2-core Zen 5 VM a packed run takes ~5 min and an unpacked one ~7.
 """
 

@@ -30,7 +30,7 @@ is kept and the width is the one Multi30k's 29k pairs train well. Every run deca
 P * sqrt(4000 / (t - W + 4000)) after its warmup W (optim.inverse_sqrt_scale=4000), so runs differ
 in warmup alone and a warmup-0 run does not divide its rate by sqrt(t) from the first step. A run
 has converged when its validation loss moved less than 1% over the last fifth of its steps
-(scripts/convergence.py checks it).
+(scripts/report.py's 'val loss change, last fifth'; it also counts loss spikes).
 
 Sizing, the trade-off: configs/multi30k.py:de_en_small, the model these runs build on, trains 1000
 steps in about an hour on 2 CPU cores, too long for a grid on a CPU. The runs of the first four presets stop at 500 steps (~3.3 epochs), with
