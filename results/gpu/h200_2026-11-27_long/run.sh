@@ -1,7 +1,6 @@
 #!/bin/bash
 # En->De's hour recipe (configs/multi30k.py:en_de) at twice the preset's 9,600 steps, seeds 0 and
-# 1, on one GPU; then eval.py's beam 5 on validation and the three test sets. Two questions the
-# thirtieth session's call left open (docs/performance.md, "Second device session"):
+# 1, on one GPU; then eval.py's beam 5 on validation and the three test sets. Two questions:
 # - Do steps past 9,600 reach Wu et al.'s 41.02 on test_2016?
 # - Did the step rate halve after step 400 because four runs shared the GPU? Seed 0 starts alone
 #   and seed 1 joins once seed 0 has logged step STAGGER, so seed 0's own log shows its rate
@@ -9,8 +8,8 @@
 # Seed 0's evaluations use eval.py's default --smallest_batch (8), seed 1's --smallest_batch=64,
 # to time the beam search's compilation both ways on the same machine.
 # ALONE_SEED=N trains and evaluates seed N alone instead (--smallest_batch=64).
-# Needs .whl/ and .gpudata/ from docs/gpu/h200_2026-11-27/prepare.sh. Ran on 2026-11-27 as
-# `bash docs/gpu/h200_2026-11-27_long/run.sh`, then `ALONE_SEED=2 BUDGET=4.5 bash ...` (same file).
+# Needs .whl/ and .gpudata/ from results/gpu/h200_2026-11-27/prepare.sh. Ran on 2026-11-27 as
+# `bash results/gpu/h200_2026-11-27_long/run.sh`, then `ALONE_SEED=2 BUDGET=4.5 bash ...` (same file).
 set -u
 OUT=${OUT:-/tmp/gpu_out}; R=${R:-/tmp/r}; mkdir -p "$OUT" "$R"
 STEPS=${STEPS:-19200}; STAGGER=${STAGGER:-1200}; BUDGET=${BUDGET:-6.0}
