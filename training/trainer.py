@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import math
 import time
+from collections.abc import Callable
 
 from absl import logging
 from etils import epath
@@ -69,7 +70,7 @@ class _Run:
   workdir: str
   is_primary: bool
   console: run_log.Console | None
-  say: object  # prints one console line on process 0
+  say: Callable[[str], None]  # prints one console line on process 0
   train_iter: pipeline.TrainIterator
   state: train_state.TrainState
   checkpointer: Checkpointer
