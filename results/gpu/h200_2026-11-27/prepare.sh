@@ -2,8 +2,8 @@
 # What run.sh needs, made here (the CPU VM, Python 3.11) before a device call, from the repository
 # root: the packages the device image lacks as Python 3.12 wheels in .whl/, and Multi30k with its
 # prepared data, tokenizer and token ids in .gpudata/. Both folders are git-ignored
-# (.git/info/exclude) and travel with `carry: [".whl", ".gpudata"]`. The image brings jax 0.11.2
-# with CUDA; ../.library/device/KINDS.md lists what else it holds.
+# (.git/info/exclude) and travel to the device machine with the working tree. Its image brings
+# jax 0.11.2 with CUDA, flax, optax, orbax, sentencepiece and sacrebleu.
 set -euo pipefail
 printf '/.whl/\n/.gpudata/\n' >> .git/info/exclude
 wheels() {
