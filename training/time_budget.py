@@ -5,7 +5,7 @@ one 2-core VM and ~1 h 45 min on another), and a schedule that decays to 0 on th
 ('cosine', 'linear') must know that step before it starts decaying. Warmup does not depend on the
 run's length, so a budgeted run measures itself while it warms up and fixes its length when warmup
 ends: it times the steps of the second half of warmup, then one validation (less the compiling
-that later validations reuse, training/compile_clock.py) and one checkpoint, and plans the most
+that later validations reuse, periodic_actions.CompileClock) and one checkpoint, and plans the most
 steps whose training, validations and checkpoints end within the budget, less a reserve. The
 length is an argument of the compiled step (training/trainer.py), so the planned schedule needs no
 new compilation. num_steps / num_epochs stay the upper bound.
