@@ -7,7 +7,7 @@ run's length, so a budgeted run measures itself while it warms up and fixes its 
 ends: it times the steps of the second half of warmup, then one validation (less the compiling
 that later validations reuse, periodic_actions.CompileClock) and one checkpoint, and plans the most
 steps whose training, validations and checkpoints end within the budget, less a reserve. The
-length is an argument of the compiled step (training/trainer.py), so the planned schedule needs no
+length is an argument of the compiled step (training/stepping.py), so the planned schedule needs no
 new compilation. num_steps / num_epochs stay the upper bound.
 
 Step time drifts on a shared machine (epochs of one Xeon VM run took 91-141 s), so the run plans
