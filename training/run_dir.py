@@ -275,8 +275,7 @@ def load_run_vocabularies(workdir: str, data_config) -> vocabularies.Vocabularie
       cached.by_language[lang].model_path.copy(temporary, overwrite=True)
       temporary.replace(target)
   multihost_utils.sync_global_devices('data and tokenizer prepared')
-  return vocabularies.load({lang: path(workdir, name) for lang, name in files.items()},
-                               data_config)
+  return vocabularies.load({lang: path(workdir, name) for lang, name in files.items()}, data_config)
 
 
 @contextlib.contextmanager
@@ -291,7 +290,7 @@ def claim_run_folder(workdir: str):
       refusal = error
   if not agreed(refusal is None):
     raise refusal or RunFolderError(f'{workdir} is being trained by another run '
-                                            '(process 0 could not lock it)')
+                                    '(process 0 could not lock it)')
   try:
     yield
   finally:

@@ -179,15 +179,13 @@ class BudgetPlan:
 
   def seconds_left(self, step: int) -> float:
     """The latest plan's estimate of the seconds from the end of `step` to the end of the run."""
-    return seconds_left(self.costs, step=step, last_step=self.end_step,
-                                    eval_every=self.eval_every,
-                                    checkpoint_every=self.checkpoint_every)
+    return seconds_left(self.costs, step=step, last_step=self.end_step, eval_every=self.eval_every,
+                        checkpoint_every=self.checkpoint_every)
 
   def must_end(self, step: int, elapsed_seconds: float, log_every: int) -> bool:
     """Whether the run ends at this log step, behind its plan (must_stop)."""
-    return must_stop(self.costs, budget_seconds=self.budget_seconds,
-                                 elapsed_seconds=elapsed_seconds,
-                                 steps_to_next_check=min(log_every, self.end_step - step))
+    return must_stop(self.costs, budget_seconds=self.budget_seconds, elapsed_seconds=elapsed_seconds,
+                     steps_to_next_check=min(log_every, self.end_step - step))
 
   def cut_short(self, step: int) -> None:
     """Ends the run at `step`; its schedule stays as planned (a later invocation trains no further)."""
@@ -211,12 +209,13 @@ class BudgetPlan:
       if 'planned_steps' in record:
         self.end_step = record['planned_steps']
         self.costs = Costs(**{field.name: record[_COSTS_PREFIX + field.name]
-                                          for field in dataclasses.fields(Costs)})
+                              for field in dataclasses.fields(Costs)})
         if _LENGTH_PREFIX + 'horizon' in record:
           self.length = RunLength(**{name: record[_LENGTH_PREFIX + name] for name in RunLength._fields})
         else:
           self.length = RunLength.fixed(self.end_step)
         return
+
 
 class BudgetKeeper:
   """The training loop's side of a budgeted run: when it times its steps, plans, and ends early.
@@ -246,15 +245,15 @@ class BudgetKeeper:
     if (self.plan_at and step >= self.plan_at // 2) or self.plan.planned:
       self.plan.start_timing(step, time.perf_counter(), paused)
 
-  def ends_early(self, progress, clock, schedule) -> bool:
-    """At a log step between plans: whether the run ends here, behind its plan; if so it says so,
-    records it and makes this step the last."""
+  def ends_early(self, progress, clock, schedule) -> None:
+    """At a log step between plans: where the run is behind its plan, makes this step its last,
+    and says and records so."""
     step = progress.step
     if not self.plan.planned or step % self._log_every or progress.at_end:
-      return False
+      return
     elapsed = clock.run_seconds()
     if not self._agreed(self._is_primary and self.plan.must_end(step, elapsed, self._log_every)):
-      return False
+      return
     self._say(f'time budget {self._budget_minutes} min: behind the plan, so the run ends at step '
               f'{step} instead of {progress.total_steps}, its learning rate at '
               f'{schedule.learning_rate(step):.3g}')
@@ -263,7 +262,6 @@ class BudgetKeeper:
     if self._is_primary:
       self._writer.write(step, self.plan.record(elapsed))
     progress.total_steps = step
-    return True
 
   def after_report(self, step: int, paused: float) -> None:
     """Starts timing warmup's steps at its middle."""
@@ -292,7 +290,7 @@ class BudgetKeeper:
     return self.plan.end_step != before
 
 
-def describe_plan(plan: 'BudgetPlan', step: int, *, budget_minutes: float, elapsed_seconds: float,
+def describe_plan(plan: BudgetPlan, step: int, *, budget_minutes: float, elapsed_seconds: float,
                   before: int | None, eval_compile_seconds: float = 0.0) -> str | None:
   """The console's line for a budgeted run's plan at `step`: the first (before None), or a later
   one that moved the end from `before`; None for a later one that kept it."""

@@ -20,8 +20,10 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-from data import datasets, pipeline
+from data import datasets, pipeline, vocabularies as vocabularies_lib
 from evaluation.validation import Evaluator
+from model import flops as flops_lib
+from model.transformer import Transformer
 from training import (config_checks, partitioning, periodic_actions as actions, run_dir, run_log,
                       stop_signals, time_budget, train_state)
 from training.checkpointing import Checkpointer
@@ -243,10 +245,10 @@ def _set_up(config: ml_collections.ConfigDict, workdir: str, changes: dict,
   evaluator = Evaluator(config, vocabularies, model, mesh,
                         jax.jit(functools.partial(train_state.eval_step, model=model)))
 
-  say(run_log.describe_data(config.data, train_iter, vocabularies))
+  say(_describe_data(config.data, train_iter, vocabularies))
   length = (f'up to {max_steps} steps, as many as fit {config.train.time_budget_minutes} min '
             f'(planned at step {budget.plan_at})' if budget.plan_at else f'{total_steps} steps')
-  say(run_log.describe_model(model, state.params, length, latest, train_step.microbatch_tokens))
+  say(_describe_model(model, state.params, length, latest, train_step.microbatch_tokens))
   loss_watch = run_log.LossWatch(
       ceiling=config.train.divergence_loss_ceiling, growth=config.train.divergence_growth,
       lowest=min((record['train_loss'] for record in writer.previous_records
@@ -293,3 +295,34 @@ def _restore(checkpointer: Checkpointer, state: train_state.TrainState, train_it
     say(f'moved the damaged checkpoint of step {damaged} to {aside}')
   multihost_utils.sync_global_devices('damaged checkpoints set aside')
   return latest, state, extra
+
+
+def _describe_data(data_config, train_iter: pipeline.TrainIterator,
+                   vocabularies: vocabularies_lib.Vocabularies) -> str:
+  """The console's line about the prepared data."""
+  source, target = datasets.language_pair(data_config)
+  packing = (f', packed into rows of {data_config.pack_length} tokens'
+             if data_config.pack_length else '')
+  samples = data_config.subword_samples
+  sampled = f' ({samples} sampled segmentations of each)' if samples else ''
+  short = (f', {train_iter.num_long_sources:,} with sources of more than '
+           f'{data_config.train_max_source_words} words' if data_config.train_max_source_words else '')
+  return (f'data: {data_config.dataset} {source}->{target}, {train_iter.num_pairs:,} training pairs{sampled} '
+          f'in {train_iter.batches_per_epoch} batches per epoch{packing} ({train_iter.num_filtered} '
+          f'longer than max_length={data_config.max_length}{short} left out), '
+          f'{vocabularies.describe()}; cached in {datasets.cache_dir(data_config)}')
+
+
+def _describe_model(model: Transformer, params, length: str, resumed_from: int | None,
+                    microbatch_tokens: int = 0) -> str:
+  """The console's line about the model, how a step is computed and the run's length."""
+  cfg = model.config
+  parameters = sum(leaf.size for leaf in jax.tree.leaves(params))
+  # Per target token of a training step on 32-token pairs (FLOPs grow with length).
+  flops = flops_lib.train_step_flops(cfg, 1, 32, 32) / 32
+  start = f'resuming at step {resumed_from}' if resumed_from is not None else 'starting'
+  slices = (f', each step in slices of ~{microbatch_tokens} tokens (train.microbatch_tokens)'
+            if microbatch_tokens else '')
+  return (f'model: {cfg.num_encoder_layers}+{cfg.num_decoder_layers} layers, d_model {cfg.d_model}, '
+          f'{parameters / 1e6:.2f}M parameters, {flops / 1e6:.3g} MFLOP per target token to train'
+          f'{slices}; {start}, {length}')
