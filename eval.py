@@ -91,7 +91,7 @@ def translate_split(run: trained_model.Restored, split: str, settings: dict, bat
 
   Every batch shape is compiled before the decode loop, so its time and speed exclude compilation.
   """
-  batches = pipeline.make_eval_batches(run.config.data, run.vocabularies, split, batch_size)
+  batches = pipeline.make_eval_batches(run.data, run.vocabularies, split, batch_size)
   translator = translating.SplitTranslator(run.model, run.vocabularies.target, batches, mesh,
                                            **settings)
   return translator(partitioning.replicate(run.variables, mesh))
@@ -250,8 +250,7 @@ def main(argv):
       'workdir': workdir if not run_dir.is_local(workdir) else os.path.abspath(workdir), 'split': split, 'sentences': len(hypotheses),
       'checkpoint': checkpoint, 'checkpoint_steps': run.steps,
       'decoding': dict(settings, batch_size=batch_size),
-      **translating.score(hypotheses, datasets.load_split_text(run.config.data, split),
-                          run.config.data),
+      **translating.score(hypotheses, datasets.load_split_text(run.data, split), run.data),
       **timing, 'devices': f'{jax.device_count()} x {jax.devices()[0].device_kind}',
   }
   report['wall_s'] = time.perf_counter() - start

@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from data import batching, pipeline
+from data import batching, datasets, pipeline
 from data import tokenizer as tokenizer_lib
 from data import vocabularies as vocabularies_lib
 from model import losses
@@ -92,12 +92,12 @@ def load_batches(data_config: ml_collections.ConfigDict, split: str, num_pairs: 
   if data_config.vocabulary != 'joint':
     raise ValueError(f'config.data.vocabulary={data_config.vocabulary!r}: the analyses build their '
                      "models for one joint vocabulary; use 'joint'")
-  vocabularies = vocabularies_lib.get_vocabularies(data_config)
-  pairs = pipeline.make_eval_batches(data_config, vocabularies, split, num_pairs,
-                                     examples=num_pairs)[0]
+  data = datasets.resolve(data_config)
+  vocabularies = vocabularies_lib.get_vocabularies(data)
+  pairs = pipeline.make_eval_batches(data, vocabularies, split, num_pairs, examples=num_pairs)[0]
   available = int((pairs['example_index'] >= 0).sum())
   if available < num_pairs:
-    raise ValueError(f'{data_config.dataset} split {split!r} has {available} pairs, fewer than '
+    raise ValueError(f'{data.dataset} split {split!r} has {available} pairs, fewer than '
                      f'the {num_pairs} asked for')
   source_lengths = (pairs['encoder_input_tokens'] != tokenizer_lib.PAD_ID).sum(1)  # [B]
   target_lengths = pairs['decoder_target_weights'].sum(1).astype(int)  # [B]

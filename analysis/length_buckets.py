@@ -87,22 +87,21 @@ def score_run(workdir: str, splits: list[str], checkpoint: str = 'last') -> dict
   mesh = partitioning.make_mesh()
   run = trained_model.restore(workdir, None, checkpoint, mesh)
   for split in splits:  # every split named checked before any work
-    datasets.check_split(run.config.data.dataset, split)
+    datasets.check_split(run.data.dataset, split)
   nll_of = _sentence_nll(run.model)
   out = epath.Path(workdir) / OUT_DIR
   out.mkdir(parents=True, exist_ok=True)
   scored = {}
   for split in splits:
-    batches = pipeline.make_eval_batches(run.config.data, run.vocabularies, split,
-                                         run.config.data.eval_batch_size)
-    text = datasets.load_split_text(run.config.data, split)
+    batches = pipeline.make_eval_batches(run.data, run.vocabularies, split, run.data.eval_batch_size)
+    text = datasets.load_split_text(run.data, split)
     nll, tokens = sentence_losses(nll_of, run.variables, batches, len(text.source))
     translator = translating.SplitTranslator(run.model, run.vocabularies.target, batches, mesh)
     hypotheses, _ = translator(run.variables)
     scored[split] = bucket_scores(text.source, hypotheses, text.reference, nll, tokens)
     (out / f'{split}.json').write_text(json.dumps({
         'split': split, 'checkpoint': checkpoint, 'checkpoint_steps': run.steps, 'decoding': 'greedy',
-        'train_max_source_words': run.config.data.train_max_source_words, 'buckets': scored[split]},
+        'train_max_source_words': run.data.train_max_source_words, 'buckets': scored[split]},
         indent=2))
   return scored
 

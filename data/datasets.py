@@ -1,15 +1,17 @@
-"""Dataset names, splits, and the prepared TFDS data behind them.
+"""Dataset names, splits, the prepared TFDS data behind them, and `DataSpec`: config.data
+resolved once (`resolve`) into what every data function receives.
 
 Prepared data lives under `<cache_dir>/tfds/<source fingerprint>` (cache_dir from
 config.data, by default ~/.cache/seq2seq_lab): the first use reads and checks the
 raw files and writes ArrayRecord files, later uses only read them. The fingerprint
-(`source_fingerprint`) covers every raw file's name and bytes, so other or edited raw
+(`DataSpec.fingerprint`) covers every raw file's name and bytes, so other or edited raw
 files are prepared afresh instead of meeting stale data, while the same files copied,
 re-extracted or touched (new modification times) keep their prepared data and let a run
 resume; the tokenizer and token-id caches carry it too.
 """
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -41,18 +43,100 @@ class SplitText(NamedTuple):
   reference_tokenized: list[str]
 
 
-def cache_dir(data_config) -> Path:
-  """Root of prepared datasets, tokenizers and token ids."""
-  return Path(data_config.cache_dir or DEFAULT_CACHE_DIR).expanduser()
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+  """`config.data` resolved once, by `resolve`: which data a run reads, how it is cut into batches,
+  and where its caches live. The data functions receive this, not the raw config, so the language
+  pair is checked and the raw files fingerprinted in one place. Fields as in configs/base.py, plus
+  the derived ones below."""
+  dataset: str
+  dataset_config: str
+  source_dir: str
+  source_lang: str
+  target_lang: str
+  vocabulary: str
+  vocab_size: int
+  vocab_type: str
+  subword_samples: int
+  subword_alpha: float
+  subword_nbest: int
+  max_length: int
+  train_max_source_words: int
+  max_tokens: int
+  pack_length: int
+  eval_split: str
+  eval_batch_size: int
+  eval_examples: int
+  num_workers: int
+  # Derived: the root of prepared datasets, tokenizers and token ids (data.cache_dir expanded, or
+  # DEFAULT_CACHE_DIR).
+  cache_dir: Path
+
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    """12 hex digits identifying the raw files (`_source_fingerprint`), read on first use only: a
+    translation of --input text needs no data files.
+
+    Raises:
+      sources.MissingSourceError: data.source_dir names a folder that does not exist.
+    """
+    return _source_fingerprint(self)
+
+  @property
+  def languages(self) -> tuple[str, str]:
+    """(source_lang, target_lang)."""
+    return self.source_lang, self.target_lang
+
+  @property
+  def model_languages(self) -> dict[str, str | None]:
+    """Language -> which sentencepiece model encodes it: None for the joint one, else the
+    language's own code (data.vocabulary 'separate')."""
+    separate = self.vocabulary == 'separate'
+    return {lang: lang if separate else None for lang in self.languages}
+
+  def tokenizer_file(self, model_language: str | None = None) -> Path:
+    """Where the cached tokenizer of `model_language` (None: the joint one) is, or will be."""
+    suffix = f'-{model_language}' if model_language else ''
+    return (self.cache_dir / 'tokenizers' / f'{self.dataset}-{self.dataset_config}-'
+            f'{self.fingerprint}-{self.vocab_type}-{self.vocab_size}{suffix}.model')
+
+  def token_ids_dir(self, vocabularies_fingerprint: str) -> Path:
+    """Where the token ids of this data under the vocabularies of `vocabularies_fingerprint` are."""
+    return (self.cache_dir / 'token_ids' /
+            f'{self.dataset}-{self.dataset_config}-{self.fingerprint}-{vocabularies_fingerprint}')
+
+
+def resolve(data_config) -> DataSpec:
+  """`config.data` as a DataSpec, its derived values computed here once (the raw files'
+  fingerprint on first use).
+
+  Raises:
+    ValueError: an unknown dataset, builder config or eval split, or a language pair that is
+      not the data's two languages (one line each).
+  """
+  _check_dataset_config(data_config)
+  pair = (data_config.source_lang, data_config.target_lang)
+  if set(pair) != set(builder.LANGUAGES):
+    raise ValueError(f'config.data.source_lang/target_lang {pair} must be the two languages '
+                     f'{builder.LANGUAGES}, in either order')
+  check_split(data_config.dataset, data_config.eval_split)
+  fields = {field.name: data_config[field.name] for field in dataclasses.fields(DataSpec)
+            if field.name != 'cache_dir'}
+  return DataSpec(**fields, cache_dir=_cache_root(data_config.cache_dir))
+
+
+def _cache_root(cache_dir: str) -> Path:
+  return Path(cache_dir or DEFAULT_CACHE_DIR).expanduser()
 
 
 def compilation_cache_dir(data_config) -> Path:
   """Where train.py and eval.py keep compiled programs (JAX's persistent compilation cache):
-  $JAX_COMPILATION_CACHE_DIR where it names one, else <cache_dir>/xla."""
-  return Path(os.environ.get('JAX_COMPILATION_CACHE_DIR') or cache_dir(data_config) / 'xla')
+  $JAX_COMPILATION_CACHE_DIR where it names one, else <data.cache_dir>/xla."""
+  return Path(os.environ.get('JAX_COMPILATION_CACHE_DIR') or
+              _cache_root(data_config.cache_dir) / 'xla')
 
 
-def source_fingerprint(data_config) -> str:
+def _source_fingerprint(data: DataSpec) -> str:
   """12 hex digits identifying the raw files prepared data is made from.
 
   A hash of the dataset, builder config and builder version and, for every file under the
@@ -62,16 +146,16 @@ def source_fingerprint(data_config) -> str:
   per (size, modification time) it sees (~0.01 s for Multi30k's 2.8 MB; about a second per GB).
 
   Raises:
-    sources.MissingSourceError: config.data.source_dir names a folder that does not exist.
+    sources.MissingSourceError: data.source_dir names a folder that does not exist.
   """
-  cls = builder_class(data_config.dataset)
-  folder = sources.resolve_source_dir(data_config.source_dir, data_config.dataset)
+  cls = builder_class(data.dataset)
+  folder = sources.resolve_source_dir(data.source_dir, data.dataset)
   files = 'download'
   if folder is not None:
     files = sorted((str(path.relative_to(folder)), _file_digest(str(path), path.stat().st_size,
                                                                  path.stat().st_mtime_ns))
                    for path in folder.rglob('*') if path.is_file())
-  key = [data_config.dataset, data_config.dataset_config, str(cls.VERSION), files]
+  key = [data.dataset, data.dataset_config, str(cls.VERSION), files]
   return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
 
 
@@ -89,7 +173,7 @@ def builder_class(dataset: str) -> type[builder.ParallelTextBuilder]:
   return BUILDERS[dataset]
 
 
-def check_dataset_config(data_config) -> None:
+def _check_dataset_config(data_config) -> None:
   """Raises a ValueError naming the valid builder configs unless data.dataset_config is one."""
   configs = [config.name for config in builder_class(data_config.dataset).BUILDER_CONFIGS]
   if data_config.dataset_config not in configs:
@@ -105,15 +189,6 @@ def check_split(dataset: str, split: str) -> None:
         f'Unknown {dataset} split {split!r}; valid: {", ".join(splits)}')
 
 
-def language_pair(data_config) -> tuple[str, str]:
-  """Returns (source_lang, target_lang), checked against the data."""
-  pair = (data_config.source_lang, data_config.target_lang)
-  if set(pair) != set(builder.LANGUAGES):
-    raise ValueError(f'source_lang/target_lang {pair} must be the two '
-                     f'languages {builder.LANGUAGES}, in either order')
-  return pair
-
-
 @contextlib.contextmanager
 def _exclusive(lock_path: Path):
   """Holds an advisory flock on `lock_path` (created if absent) for the block."""
@@ -126,36 +201,31 @@ def _exclusive(lock_path: Path):
       fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
-def get_builder(data_config, splits: Sequence[str] | None = None):
+def get_builder(data: 'DataSpec | _PreparedData', splits: Sequence[str] | None = None):
   """Returns the dataset's TFDS builder, preparing the data on first use.
 
   Args:
-    data_config: `config.data`.
+    data: the run's DataSpec.
     splits: Prepare only these splits, for a source known to lack the others
       (the offline IWSLT14 copy has no train files); None prepares all.
 
   Raises:
-    ValueError: Unknown dataset, builder config or split.
+    ValueError: Unknown split.
     sources.SourceError: Raw files missing or unusable (first use only).
   """
-  cls = builder_class(data_config.dataset)
-  check_dataset_config(data_config)
-  root = cache_dir(data_config)
-  fingerprint = source_fingerprint(data_config)
   # A partial preparation lives apart so it never stands in for the full data.
-  data_dir = root / 'tfds' / fingerprint
+  data_dir = data.cache_dir / 'tfds' / data.fingerprint
   if splits is not None:
-    data_dir = root / 'tfds_partial' / fingerprint / '+'.join(sorted(splits))
+    data_dir = data.cache_dir / 'tfds_partial' / data.fingerprint / '+'.join(sorted(splits))
   # TFDS prints its progress bars and messages to the terminal; they go to the log instead.
   tfds.disable_progress_bar()
   printed = io.StringIO()
   # Processes sharing the cache (sweep hosts, parallel runs) prepare it once: the first holds
   # the lock while preparing, the others then open the prepared data.
   with _exclusive(data_dir.with_name(data_dir.name + '.lock')), contextlib.redirect_stdout(printed):
-    dataset_builder = cls(
-        config=data_config.dataset_config, data_dir=str(data_dir),
-        source_dir=data_config.source_dir, download_dir=str(root / 'downloads'),
-        splits=splits, file_format='array_record')
+    dataset_builder = builder_class(data.dataset)(
+        config=data.dataset_config, data_dir=str(data_dir), source_dir=data.source_dir,
+        download_dir=str(data.cache_dir / 'downloads'), splits=splits, file_format='array_record')
     dataset_builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   if printed.getvalue().strip():
@@ -163,45 +233,49 @@ def get_builder(data_config, splits: Sequence[str] | None = None):
   return dataset_builder
 
 
-def get_data_sources(data_config, splits: Sequence[str] | None = None) -> dict:
+def get_data_sources(data: DataSpec, splits: Sequence[str] | None = None) -> dict:
   """Returns split -> random-access TFDS data source (no TensorFlow needed).
 
   Records are dicts of `de`, `en`, `de_tok`, `en_tok` (bytes) and `index`;
   `load_examples` gives them as str in source order.
   """
-  dataset_builder = get_builder(data_config, splits)
+  dataset_builder = get_builder(data, splits)
   return {split: dataset_builder.as_data_source(split=split)
           for split in splits or dataset_builder.SPLITS}
 
 
-def load_examples(data_config, split: str) -> dict[str, list[str]]:
+def load_examples(data: DataSpec, split: str) -> dict[str, list[str]]:
   """Returns field -> text of every example of `split`, in source order.
 
   Memoised per process, as reading a large split takes seconds.
   """
-  check_split(data_config.dataset, split)
-  return _load_examples(str(cache_dir(data_config)), data_config.dataset,
-                        data_config.dataset_config, data_config.source_dir,
-                        source_fingerprint(data_config), split)
+  check_split(data.dataset, split)
+  return _load_examples(_PreparedData(data.dataset, data.dataset_config, data.source_dir,
+                                      data.cache_dir, data.fingerprint), split)
 
 
-def load_split_text(data_config, split: str) -> SplitText:
+def load_split_text(data: DataSpec, split: str) -> SplitText:
   """Returns the source, reference and tokenized reference text of `split`."""
-  source_lang, target_lang = language_pair(data_config)
-  examples = load_examples(data_config, split)
-  return SplitText(examples[source_lang], examples[target_lang],
-                   examples[f'{target_lang}_tok'])
+  examples = load_examples(data, split)
+  return SplitText(examples[data.source_lang], examples[data.target_lang],
+                   examples[f'{data.target_lang}_tok'])
+
+
+class _PreparedData(NamedTuple):
+  """The fields of a DataSpec that identify prepared data (the memo's key)."""
+  dataset: str
+  dataset_config: str
+  source_dir: str
+  cache_dir: Path
+  fingerprint: str
 
 
 @functools.lru_cache(maxsize=16)
-def _load_examples(root: str, dataset: str, dataset_config: str, source_dir: str,
-                   fingerprint: str, split: str) -> dict[str, list[str]]:
-  del fingerprint  # Part of the memo's key only: edited raw files are read afresh.
-  data_config = _DataConfigKey(dataset, dataset_config, source_dir, root)
+def _load_examples(data: _PreparedData, split: str) -> dict[str, list[str]]:
   # Records are the tf.train.Example protos TFDS stores; parsing them with the
   # proto class TFDS ships is ~5x faster than its generic per-feature decoding
   # (1.4 s instead of 7 s for Multi30k's training split here).
-  source = get_builder(data_config).as_data_source(
+  source = get_builder(data).as_data_source(
       split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
   records = source.__getitems__(range(len(source)))
   examples = {field: [''] * len(records) for field in builder.TEXT_FIELDS}
@@ -211,11 +285,3 @@ def _load_examples(root: str, dataset: str, dataset_config: str, source_dir: str
     for field in builder.TEXT_FIELDS:
       examples[field][index] = features[field].bytes_list.value[0].decode()
   return examples
-
-
-class _DataConfigKey(NamedTuple):
-  """The fields of config.data that identify prepared data (hashable)."""
-  dataset: str
-  dataset_config: str
-  source_dir: str
-  cache_dir: str

@@ -25,7 +25,7 @@ with its own sampled segmentation (token_ids.load_sampled), planned and
 shuffled as one set of K x N pairs: an epoch trains on every sentence K times,
 each time cut differently, and `example_index` k * N + i is line i's copy k.
 
-Multi-host: data_config.max_tokens budgets the global batch. Every process
+Multi-host: data.max_tokens budgets the global batch. Every process
 computes the same plan of global batches (batching.BatchPlan, from the seed
 alone) and assembles only its contiguous block of rows of each batch, so all
 processes yield the same number of batches of the same shapes, their rows are
@@ -81,14 +81,14 @@ class TrainIterator(Iterator[dict]):
     self._iterator.set_state(state)
 
 
-def make_train_iterator(data_config, vocabularies: vocabularies_lib.Vocabularies, *,
+def make_train_iterator(data: datasets.DataSpec, vocabularies: vocabularies_lib.Vocabularies, *,
                         seed: int, process_index: int = 0,
                         process_count: int = 1,
                         batch_multiple: int = 1) -> TrainIterator:
   """Returns this process's endless iterator over shuffled training batches.
 
   Args:
-    data_config: `config.data` (max_length, max_tokens, num_workers, ...).
+    data: the run's DataSpec (max_length, max_tokens, num_workers, ...).
     vocabularies: The vocabulary of each language.
     seed: Seed of the data order; epoch e is shuffled with (seed, e).
     process_index: This process, in [0, process_count).
@@ -97,23 +97,22 @@ def make_train_iterator(data_config, vocabularies: vocabularies_lib.Vocabularies
   """
   if not 0 <= process_index < process_count:
     raise ValueError(f'process_index {process_index} not in [0, {process_count})')
-  source, target = _split_ids(data_config, vocabularies, 'train',
-                              sampled=data_config.subword_samples > 0)
-  short_sources = short_source_pairs(data_config)
-  if short_sources is not None and data_config.subword_samples:
-    short_sources = np.tile(short_sources, data_config.subword_samples)
+  source, target = _split_ids(data, vocabularies, 'train', sampled=data.subword_samples > 0)
+  short_sources = short_source_pairs(data)
+  if short_sources is not None and data.subword_samples:
+    short_sources = np.tile(short_sources, data.subword_samples)
   # EOS (source, target) and BOS (decoder input) add one token per side.
   plan = batching.make_plan(
       source.lengths + 1, target.lengths + 1,
-      max_length=data_config.max_length, max_tokens=data_config.max_tokens,
+      max_length=data.max_length, max_tokens=data.max_tokens,
       batch_multiple=batch_multiple * process_count, seed=seed,
-      pack_length=data_config.pack_length, eligible=short_sources)
+      pack_length=data.pack_length, eligible=short_sources)
   num_long_sources = 0 if short_sources is None else int((~short_sources).sum())
   num_filtered = len(source) - len(plan.example_ids) - num_long_sources
   logging.info('Training on %d pairs in %d batches per epoch; %d pairs longer '
                'than max_length=%d tokens and %d with sources of more than %d words are left out',
-               len(plan.example_ids), plan.batches_per_epoch, num_filtered, data_config.max_length,
-               num_long_sources, data_config.train_max_source_words)
+               len(plan.example_ids), plan.batches_per_epoch, num_filtered, data.max_length,
+               num_long_sources, data.train_max_source_words)
 
   # Prefetching threads may straddle two epochs.
   epoch_batches = functools.lru_cache(maxsize=2)(plan.epoch_batches)
@@ -138,23 +137,23 @@ def make_train_iterator(data_config, vocabularies: vocabularies_lib.Vocabularies
 
   dataset = (grain.MapDataset.range(plan.batches_per_epoch).repeat()
              .map_with_index(make_batch))
-  read_options = grain.ReadOptions(num_threads=data_config.num_workers,
-                                   prefetch_buffer_size=2 * data_config.num_workers)
+  read_options = grain.ReadOptions(num_threads=data.num_workers,
+                                   prefetch_buffer_size=2 * data.num_workers)
   iterator = iter(dataset.to_iter_dataset(read_options))
   return TrainIterator(iterator, plan, num_filtered, process_count, num_long_sources)
 
 
-def short_source_pairs(data_config) -> np.ndarray | None:
+def short_source_pairs(data: datasets.DataSpec) -> np.ndarray | None:
   """[N] bool: training pairs whose source has at most `train_max_source_words` whitespace-separated
   words (the length-extrapolation experiments train on these only); None when there is no limit."""
-  if not data_config.train_max_source_words:
+  if not data.train_max_source_words:
     return None
-  source_lang, _ = datasets.language_pair(data_config)
-  words = np.array([len(line.split()) for line in datasets.load_examples(data_config, 'train')[source_lang]])
-  return words <= data_config.train_max_source_words
+  words = np.array([len(line.split())
+                    for line in datasets.load_examples(data, 'train')[data.source_lang]])
+  return words <= data.train_max_source_words
 
 
-def make_eval_batches(data_config, vocabularies: vocabularies_lib.Vocabularies,
+def make_eval_batches(data: datasets.DataSpec, vocabularies: vocabularies_lib.Vocabularies,
                       split: str, batch_size: int,
                       examples: int | None = None) -> list[dict[str, np.ndarray]]:
   """Returns every pair of `split` (or its first `examples`), none dropped or truncated.
@@ -166,7 +165,7 @@ def make_eval_batches(data_config, vocabularies: vocabularies_lib.Vocabularies,
   longest sequence of the batch, either side, rounded up to a multiple of 8. So
   the shapes to compile are one per multiple of 8, not one per pair of lengths.
   """
-  source, target = _split_ids(data_config, vocabularies, split)
+  source, target = _split_ids(data, vocabularies, split)
   count = len(source) if examples is None else min(examples, len(source))
   batches = []
   for rows in _length_grouped_rows(batch_size, source.lengths[:count],
@@ -310,8 +309,8 @@ def _pad(ragged: token_ids.RaggedIds, rows: np.ndarray, width: int, *,
                 shift=shift, marker=marker)
 
 
-def _split_ids(data_config, vocabularies: vocabularies_lib.Vocabularies, split: str, sampled: bool = False):
+def _split_ids(data: datasets.DataSpec, vocabularies: vocabularies_lib.Vocabularies, split: str,
+               sampled: bool = False):
   """Returns the (source, target) token ids of `split` (its sampled copies if `sampled`)."""
-  source_lang, target_lang = datasets.language_pair(data_config)
-  ids = (token_ids.load_sampled if sampled else token_ids.load)(data_config, vocabularies, split)
-  return ids[source_lang], ids[target_lang]
+  ids = (token_ids.load_sampled if sampled else token_ids.load)(data, vocabularies, split)
+  return ids[data.source_lang], ids[data.target_lang]

@@ -43,34 +43,33 @@ class RaggedIds:
     return np.diff(self.offsets)
 
 
-def load(data_config, vocabularies: vocabularies_lib.Vocabularies,
+def load(data: datasets.DataSpec, vocabularies: vocabularies_lib.Vocabularies,
          split: str) -> dict[str, RaggedIds]:
   """Returns language -> token ids (no EOS) of every example of `split`, in source order, each
   language in its own vocabulary."""
-  datasets.check_split(data_config.dataset, split)
+  datasets.check_split(data.dataset, split)
 
   def encode():
-    examples = datasets.load_examples(data_config, split)
+    examples = datasets.load_examples(data, split)
     return {lang: RaggedIds.from_lists(vocabularies.by_language[lang].encode_batch(examples[lang]))
             for lang in builder.LANGUAGES}
 
-  return _cached(_folder(data_config, vocabularies) / f'{split}.npz', encode)
+  return _cached(data.token_ids_dir(vocabularies.fingerprint) / f'{split}.npz', encode)
 
 
-def load_sampled(data_config, vocabularies: vocabularies_lib.Vocabularies,
+def load_sampled(data: datasets.DataSpec, vocabularies: vocabularies_lib.Vocabularies,
                  split: str) -> dict[str, RaggedIds]:
-  """Language -> `data_config.subword_samples` sampled segmentations of every example of `split`.
+  """Language -> `data.subword_samples` sampled segmentations of every example of `split`.
 
   Copy k (from 0) holds example i at index k * N + i, N the split's examples; copy k of language
   number l is drawn with seed 2k + l + 1, so the copies differ from each other and are the same
   on every machine and in every run.
   """
-  datasets.check_split(data_config.dataset, split)
-  samples, alpha, nbest = (data_config.subword_samples, data_config.subword_alpha,
-                           data_config.subword_nbest)
+  datasets.check_split(data.dataset, split)
+  samples, alpha, nbest = data.subword_samples, data.subword_alpha, data.subword_nbest
 
   def encode():
-    examples = datasets.load_examples(data_config, split)
+    examples = datasets.load_examples(data, split)
     return {lang: RaggedIds.from_lists([
         ids for copy in range(samples)
         for ids in vocabularies.by_language[lang].sample_batch(
@@ -78,13 +77,7 @@ def load_sampled(data_config, vocabularies: vocabularies_lib.Vocabularies,
             for number, lang in enumerate(builder.LANGUAGES)}
 
   name = f'{split}-sampled-{samples}x-alpha{alpha:g}-nbest{nbest}.npz'
-  return _cached(_folder(data_config, vocabularies) / name, encode)
-
-
-def _folder(data_config, vocabularies: vocabularies_lib.Vocabularies) -> Path:
-  return (datasets.cache_dir(data_config) / 'token_ids' /
-          f'{data_config.dataset}-{data_config.dataset_config}-'
-          f'{datasets.source_fingerprint(data_config)}-{vocabularies.fingerprint}')
+  return _cached(data.token_ids_dir(vocabularies.fingerprint) / name, encode)
 
 
 def _cached(path: Path, encode: Callable[[], dict[str, RaggedIds]]) -> dict[str, RaggedIds]:

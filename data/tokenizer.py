@@ -79,37 +79,26 @@ class Tokenizer:
     return self._processor.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
 
 
-def tokenizer_path(data_config, language: str | None = None) -> Path:
-  """Where the tokenizer of `data_config` is (or will be) cached: the joint one, or `language`'s."""
-  name = (f'{data_config.dataset}-{data_config.dataset_config}-'
-          f'{datasets.source_fingerprint(data_config)}-'
-          f'{data_config.vocab_type}-{data_config.vocab_size}'
-          f'{f"-{language}" if language else ""}.model')
-  return datasets.cache_dir(data_config) / 'tokenizers' / name
-
-
-def get_tokenizer(data_config, language: str | None = None) -> Tokenizer:
-  """Loads the cached tokenizer of `data_config`, training it first if absent.
+def get_tokenizer(data: datasets.DataSpec, language: str | None = None) -> Tokenizer:
+  """Loads the cached tokenizer of `data`, training it first if absent.
 
   Args:
-    data_config: `config.data` (dataset, vocab_type, vocab_size, ...).
+    data: the run's DataSpec (dataset, vocab_type, vocab_size, ...).
     language: None for the vocabulary joint over both languages; a language code (one of
       builder.LANGUAGES) for that language's own, trained on its side of the training split only.
   """
-  if data_config.vocab_type not in VOCAB_TYPES:
-    raise ValueError(f'Unknown vocab_type {data_config.vocab_type!r}; '
-                     f'valid: {", ".join(VOCAB_TYPES)}')
+  if data.vocab_type not in VOCAB_TYPES:
+    raise ValueError(f'Unknown vocab_type {data.vocab_type!r}; valid: {", ".join(VOCAB_TYPES)}')
   if language is not None and language not in builder.LANGUAGES:
     raise ValueError(f'No tokenizer of language {language!r}; valid: {", ".join(builder.LANGUAGES)}')
-  path = tokenizer_path(data_config, language)
+  path = data.tokenizer_file(language)
   if not path.exists():
-    examples = datasets.load_examples(data_config, 'train')
+    examples = datasets.load_examples(data, 'train')
     sentences = [line for lang in ((language,) if language else builder.LANGUAGES)
                  for line in examples[lang]]
     logging.info('Training a %d-piece %s sentencepiece model on %d sentences (%s)',
-                 data_config.vocab_size, data_config.vocab_type, len(sentences),
-                 language or 'both languages')
-    _train(sentences, path, data_config.vocab_type, data_config.vocab_size)
+                 data.vocab_size, data.vocab_type, len(sentences), language or 'both languages')
+    _train(sentences, path, data.vocab_type, data.vocab_size)
   return Tokenizer(path)
 
 

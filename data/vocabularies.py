@@ -61,30 +61,20 @@ def check_vocabulary(data_config) -> None:
                      f'{", ".join(VOCABULARIES)}')
 
 
-def languages_of_models(data_config) -> dict[str, str | None]:
-  """Language -> which model encodes it: None for the joint one, else the language's own code."""
-  check_vocabulary(data_config)
-  separate = data_config.vocabulary == 'separate'
-  return {lang: lang if separate else None for lang in datasets.language_pair(data_config)}
-
-
-def get_vocabularies(data_config) -> Vocabularies:
-  """The cached vocabularies of `data_config`, each trained first if absent and loaded once."""
-  models = languages_of_models(data_config)
-  loaded = {model_language: tokenizer_lib.get_tokenizer(data_config, model_language)
+def get_vocabularies(data: datasets.DataSpec) -> Vocabularies:
+  """The cached vocabularies of `data`, each trained first if absent and loaded once."""
+  models = data.model_languages
+  loaded = {model_language: tokenizer_lib.get_tokenizer(data, model_language)
             for model_language in set(models.values())}
-  source_lang, target_lang = datasets.language_pair(data_config)
   return Vocabularies({lang: loaded[model_language] for lang, model_language in models.items()},
-                      source_lang, target_lang)
+                      data.source_lang, data.target_lang)
 
 
-def load(paths: dict[str, str | os.PathLike], data_config) -> Vocabularies:
+def load(paths: dict[str, str | os.PathLike], data: datasets.DataSpec) -> Vocabularies:
   """Vocabularies from language -> sentencepiece model file; one file named twice loads once."""
   loaded = {}
   for path in paths.values():
     if str(path) not in loaded:
       loaded[str(path)] = tokenizer_lib.Tokenizer(path)
-  source_lang, target_lang = datasets.language_pair(data_config)
-  return Vocabularies({lang: loaded[str(path)] for lang, path in paths.items()}, source_lang,
-                      target_lang)
-
+  return Vocabularies({lang: loaded[str(path)] for lang, path in paths.items()}, data.source_lang,
+                      data.target_lang)

@@ -23,6 +23,7 @@ _CHECKPOINT_FORMS = "'last', 'best', a saved step such as 3000, or 'avg:N' with 
 class Restored(NamedTuple):
   """What `restore` rebuilds from a workdir; `steps` are the checkpoints behind `variables`."""
   config: ml_collections.ConfigDict
+  data: datasets.DataSpec  # config.data resolved
   vocabularies: vocabularies_lib.Vocabularies
   model: Transformer
   variables: dict
@@ -114,8 +115,9 @@ def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
   """
   kind, number = parse_checkpoint(checkpoint)
   config = load_config(workdir)
+  data = datasets.resolve(config.data)
   if split is not None:
-    datasets.check_split(config.data.dataset, split)
+    datasets.check_split(data.dataset, split)
   # Read-only: the run may still be training, and a save of it in progress must stay.
   checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
                               save_every=config.train.checkpoint_every, read_only=True)
@@ -125,11 +127,11 @@ def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
       raise ValueError(f'no checkpoint in {checkpointer.directory}: train.py has not saved one yet')
     steps = checkpoint_steps(checkpointer, kind, number)
     tokenizer_paths = {lang: run_dir.path(workdir, name)
-                       for lang, name in run_dir.tokenizer_files(config.data).items()}
+                       for lang, name in run_dir.tokenizer_files(data).items()}
     for path in tokenizer_paths.values():
       if not path.exists():
         raise ValueError(f'no {path.name} in {workdir}: not a workdir written by train.py')
-    vocabularies = vocabularies_lib.load(tokenizer_paths, config.data)
+    vocabularies = vocabularies_lib.load(tokenizer_paths, data)
     model = train_state.build_model(config, vocabularies.source.vocab_size,
                                     vocabularies.target.vocab_size)
     # With 'last', older checkpoints stand in for a damaged newest one.
@@ -147,7 +149,7 @@ def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
           raise ValueError(f'{error}; other saved steps: {", ".join(map(str, others)) or "none"}') from None
         print(f'{error}; trying the next older checkpoint', file=sys.stderr, flush=True)
         continue
-      return Restored(config, vocabularies, model, variables, candidate_steps)
+      return Restored(config, data, vocabularies, model, variables, candidate_steps)
     raise ValueError(f'no checkpoint in {checkpointer.directory} can be restored')
   finally:
     checkpointer.close()

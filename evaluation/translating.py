@@ -106,14 +106,14 @@ def bleu(hypotheses: list[str], references: list[str]) -> float:
   return sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score
 
 
-def tokenize_like_references(lines: list[str], data_config) -> list[str]:
+def tokenize_like_references(lines: list[str], data: datasets.DataSpec) -> list[str]:
   """Hypotheses in the form of SplitText.reference_tokenized, for tokenized BLEU."""
-  if data_config.dataset_config == 'tokenized':
+  if data.dataset_config == 'tokenized':
     # The model was trained on, and so writes, the tokenized text itself.
     return list(lines)
-  normaliser = sacremoses.MosesPunctNormalizer(lang=data_config.target_lang)
-  tokenizer = sacremoses.MosesTokenizer(lang=data_config.target_lang)
-  normalise = _REFERENCES_NORMALISED[data_config.dataset]
+  normaliser = sacremoses.MosesPunctNormalizer(lang=data.target_lang)
+  tokenizer = sacremoses.MosesTokenizer(lang=data.target_lang)
+  normalise = _REFERENCES_NORMALISED[data.dataset]
   # escape=True as tokenizer.perl's default, which wrote both datasets' references ("&apos;s").
   return [tokenizer.tokenize(normaliser.normalize(line) if normalise else line, escape=True,
                              return_str=True).lower() for line in lines]
@@ -141,7 +141,7 @@ def length_buckets(sources: list[str], hypotheses: list[str], references: list[s
   return buckets
 
 
-def score(hypotheses: list[str], text: datasets.SplitText, data_config) -> dict:
+def score(hypotheses: list[str], text: datasets.SplitText, data: datasets.DataSpec) -> dict:
   """Every score of the JSON report, computed by sacrebleu."""
   detokenised_bleu, chrf, tokenized_bleu = (sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF(),
                                             sacrebleu.metrics.BLEU(tokenize='none'))
@@ -151,7 +151,7 @@ def score(hypotheses: list[str], text: datasets.SplitText, data_config) -> dict:
       'chrf': chrf.corpus_score(hypotheses, [text.reference]).score,
       'chrf_signature': str(chrf.get_signature()),
       'tokenized_bleu': tokenized_bleu.corpus_score(
-          tokenize_like_references(hypotheses, data_config), [text.reference_tokenized]).score,
+          tokenize_like_references(hypotheses, data), [text.reference_tokenized]).score,
       'tokenized_bleu_signature': str(tokenized_bleu.get_signature()),
       'buckets': length_buckets(text.source, hypotheses, text.reference),
   }

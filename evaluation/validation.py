@@ -15,17 +15,17 @@ from evaluation import translating
 class Evaluator:
   """Holds the split's padded batches, references and compiled greedy decoder, built once per run."""
 
-  def __init__(self, config, vocabularies: Vocabularies, model: Transformer, mesh, eval_step: Callable):
+  def __init__(self, data: datasets.DataSpec, vocabularies: Vocabularies, model: Transformer, mesh,
+               eval_step: Callable):
     """Raises ValueError when config.data.eval_batch_size does not split over the devices."""
-    translating.check_batch_size(config.data.eval_batch_size, 'config.data.eval_batch_size')
+    translating.check_batch_size(data.eval_batch_size, 'config.data.eval_batch_size')
     self._mesh = mesh
     self._eval_step = eval_step
-    split = config.data.eval_split
-    references = datasets.load_split_text(config.data, split).reference
-    count = config.data.eval_examples or len(references)
+    references = datasets.load_split_text(data, data.eval_split).reference
+    count = data.eval_examples or len(references)
     self._references = references[:count]
-    self._batches = pipeline.make_eval_batches(config.data, vocabularies, split,
-                                               config.data.eval_batch_size, examples=count)
+    self._batches = pipeline.make_eval_batches(data, vocabularies, data.eval_split,
+                                               data.eval_batch_size, examples=count)
     self._translator = translating.SplitTranslator(model, vocabularies.target, self._batches, mesh)
 
   def __call__(self, variables, state) -> dict[str, float]:

@@ -76,7 +76,7 @@ def main(argv):
     if SENTENCE.value is not None:
       sentence = SENTENCE.value
     else:
-      sources = datasets.load_split_text(run.config.data, SPLIT.value).source
+      sources = datasets.load_split_text(run.data, SPLIT.value).source
       if INDEX.value >= len(sources):
         raise ValueError(f'--index={INDEX.value}: {SPLIT.value} has {len(sources)} lines')
       sentence = sources[INDEX.value]

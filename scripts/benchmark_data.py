@@ -13,7 +13,7 @@ import time
 from absl import app, flags
 import numpy as np
 
-from data import pipeline
+from data import datasets, pipeline
 from data import vocabularies as vocabularies_lib
 from training import command_line
 
@@ -24,7 +24,7 @@ NUM_BATCHES = flags.DEFINE_integer('num_batches', 2000, 'Batches to time.', lowe
 
 def main(argv) -> None:
   del argv
-  config = command_line.config_from_flags().data
+  config = datasets.resolve(command_line.config_from_flags().data)
   start = time.perf_counter()
   vocabularies = vocabularies_lib.get_vocabularies(config)
   print(f'tokenizers ({config.vocab_type}, {vocabularies.describe()}): '

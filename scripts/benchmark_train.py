@@ -32,7 +32,7 @@ from absl import app, flags
 import jax
 
 from configs import multi30k
-from data import pipeline, vocabularies as vocabularies_lib
+from data import datasets, pipeline, vocabularies as vocabularies_lib
 from model import flops
 from model.config import DTYPES
 from scripts.timing import cpu_matmul_gflops
@@ -116,10 +116,11 @@ def flops_per_target_token(config) -> float:
 
   The batch order depends only on the seed, so a fresh iterator yields the batches the run took.
   """
-  vocabularies = vocabularies_lib.get_vocabularies(config.data)
+  data = datasets.resolve(config.data)
+  vocabularies = vocabularies_lib.get_vocabularies(data)
   model_config = train_state.build_model(config, vocabularies.source.vocab_size,
                                          vocabularies.target.vocab_size).config
-  batches = pipeline.make_train_iterator(config.data, vocabularies, seed=config.train.seed,
+  batches = pipeline.make_train_iterator(data, vocabularies, seed=config.train.seed,
                                          batch_multiple=jax.local_device_count())
   total_flops = target_tokens = 0
   for _ in range(config.train.num_steps):

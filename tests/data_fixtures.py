@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from configs import base
+from data import datasets
 from data import multi30k
 from data import sources
 from data import tokenizer as tokenizer_lib
@@ -63,12 +64,12 @@ def _multi30k_config(cache_dir: Path):
 
 @functools.cache
 def _tokenizer(cache_dir: Path) -> tokenizer_lib.Tokenizer:
-  return tokenizer_lib.get_tokenizer(_multi30k_config(cache_dir))
+  return tokenizer_lib.get_tokenizer(datasets.resolve(_multi30k_config(cache_dir)))
 
 
 @functools.cache
 def _vocabularies(cache_dir: Path) -> vocabularies_lib.Vocabularies:
-  return vocabularies_lib.get_vocabularies(_multi30k_config(cache_dir))
+  return vocabularies_lib.get_vocabularies(datasets.resolve(_multi30k_config(cache_dir)))
 
 
 @pytest.fixture

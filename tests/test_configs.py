@@ -12,7 +12,8 @@ import pytest
 from training import train_state
 from configs import base, iwslt14, multi30k, smoke
 from configs.sweeps import packing, xiong2020
-from training import config_checks
+from data import datasets
+from training import config_checks, stepping
 from training.optimizer import make_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +35,9 @@ CONFIGS = {
 def test_config_validates_and_builds(name):
   config = CONFIGS[name]()
   config_checks.check_config(config)
-  make_optimizer(config.optim, steps_per_epoch=100, total_steps=config_checks.total_steps(config.train, 100))
+  datasets.resolve(config.data)
+  make_optimizer(config.optim, steps_per_epoch=100,
+                 total_steps=stepping.RunSteps.of(config.train, 100).max_steps)
   model = train_state.build_model(config, config.data.vocab_size)
   tokens = jnp.ones((2, 8), jnp.int32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, tokens))

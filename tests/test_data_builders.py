@@ -22,14 +22,14 @@ MULTI30K_SIZES = {
 @pytest.mark.parametrize('dataset_config', ['original', 'tokenized'])
 def test_multi30k_split_sizes(multi30k_config, dataset_config):
   multi30k_config.dataset_config = dataset_config
-  data_sources = datasets.get_data_sources(multi30k_config)
+  data_sources = datasets.get_data_sources(datasets.resolve(multi30k_config))
   assert {split: len(source) for split, source in data_sources.items()} == (
       MULTI30K_SIZES)
 
 
 def test_multi30k_pairs_are_aligned_with_the_files(multi30k_config):
   folder = data_fixtures.data_root() / 'multi30k'
-  train = datasets.load_examples(multi30k_config, 'train')
+  train = datasets.load_examples(datasets.resolve(multi30k_config), 'train')
   for field, path in [('de', 'raw/train.de.gz'), ('en', 'raw/train.en.gz'),
                       ('de_tok', 'tok/train.lc.norm.tok.de.gz'),
                       ('en_tok', 'tok/train.lc.norm.tok.en.gz')]:
@@ -42,26 +42,26 @@ def test_multi30k_pairs_are_aligned_with_the_files(multi30k_config):
 
 
 def test_records_carry_all_fields_and_the_line_index(multi30k_config):
-  source = datasets.get_data_sources(multi30k_config)['test_2016']
+  source = datasets.get_data_sources(datasets.resolve(multi30k_config))['test_2016']
   record = source[7]
   assert set(record) == {'de', 'en', 'de_tok', 'en_tok', 'index'}
   assert int(record['index']) == 7
-  examples = datasets.load_examples(multi30k_config, 'test_2016')
+  examples = datasets.load_examples(datasets.resolve(multi30k_config), 'test_2016')
   assert all(isinstance(text, str) for text in examples['en'])
   assert examples['en'][7] == record['en'].decode('utf-8')
 
 
 def test_multi30k_tokenized_config_reads_the_tok_files(multi30k_config):
   multi30k_config.dataset_config = 'tokenized'
-  validation = datasets.load_examples(multi30k_config, 'validation')
+  validation = datasets.load_examples(datasets.resolve(multi30k_config), 'validation')
   assert validation['de'] == validation['de_tok']
   assert validation['en'][0] == 'a group of men are loading cotton onto a truck'
 
 
 def test_load_split_text_follows_the_direction(multi30k_config):
   multi30k_config.source_lang, multi30k_config.target_lang = 'en', 'de'
-  text = datasets.load_split_text(multi30k_config, 'validation')
-  examples = datasets.load_examples(multi30k_config, 'validation')
+  text = datasets.load_split_text(datasets.resolve(multi30k_config), 'validation')
+  examples = datasets.load_examples(datasets.resolve(multi30k_config), 'validation')
   assert text.source == examples['en']
   assert text.reference == examples['de']
   assert text.reference_tokenized == examples['de_tok']
@@ -71,7 +71,7 @@ def test_iwslt14_valid_and_test_from_the_tok_folder(tmp_path):
   folder = data_fixtures.data_root() / 'iwslt14'
   config = data_fixtures.data_config(
       dataset='iwslt14', source_dir=str(folder), cache_dir=str(tmp_path))
-  data_sources = datasets.get_data_sources(config,
+  data_sources = datasets.get_data_sources(datasets.resolve(config),
                                            splits=('validation', 'test'))
   assert {split: len(s) for split, s in data_sources.items()} == {
       'validation': 7283, 'test': 6750}
@@ -99,9 +99,9 @@ def test_prepares_from_the_environment_variable(monkeypatch, tmp_path):
   data_fixtures.write_multi30k(tmp_path / 'root' / 'multi30k', lines_per_split=4)
   monkeypatch.setenv(sources.ENV_VAR, str(tmp_path / 'root'))
   config = data_fixtures.data_config(cache_dir=str(tmp_path / 'cache'))
-  data_sources = datasets.get_data_sources(config)
+  data_sources = datasets.get_data_sources(datasets.resolve(config))
   assert {len(source) for source in data_sources.values()} == {4}
-  assert datasets.load_examples(config, 'test_2018')['en'][3] == (
+  assert datasets.load_examples(datasets.resolve(config), 'test_2018')['en'][3] == (
       'En Test_2018 Sentence 3 .')
 
 
@@ -114,5 +114,6 @@ def test_preparing_leaves_no_folder_in_the_temporary_directory(monkeypatch, tmp_
   data_fixtures.write_multi30k(tmp_path / 'root' / 'multi30k', lines_per_split=2)
   monkeypatch.setenv(sources.ENV_VAR, str(tmp_path / 'root'))
   config = data_fixtures.data_config(cache_dir=str(tmp_path / 'cache'))
-  assert {len(source) for source in datasets.get_data_sources(config).values()} == {2}
+  data_sources = datasets.get_data_sources(datasets.resolve(config))
+  assert {len(source) for source in data_sources.values()} == {2}
   assert not list(scratch.iterdir())

@@ -21,7 +21,7 @@ def _prepare_error(tmp_path: Path, source: Path, expected: type, **overrides):
   config = data_fixtures.data_config(
       source_dir=str(source), cache_dir=str(tmp_path / 'cache'), **overrides)
   with pytest.raises(expected) as error:
-    datasets.get_data_sources(config)
+    datasets.get_data_sources(datasets.resolve(config))
   message = str(error.value)
   assert '\n' not in message
   assert not list((tmp_path / 'cache').rglob('*.array_record*'))
@@ -43,7 +43,7 @@ def test_missing_folder_under_the_environment_root(tmp_path, monkeypatch):
   monkeypatch.setenv(sources.ENV_VAR, str(tmp_path))
   config = data_fixtures.data_config(cache_dir=str(tmp_path / 'cache'))
   with pytest.raises(FileNotFoundError, match=str(tmp_path / 'multi30k')):
-    datasets.get_data_sources(config)
+    datasets.get_data_sources(datasets.resolve(config))
 
 
 def test_missing_file_names_the_exact_file(tmp_path):
@@ -99,32 +99,32 @@ def test_unknown_split(multi30k_config):
   with pytest.raises(ValueError, match="Unknown multi30k split 'test'; valid: "
                      'train, validation, test_2016, test_2017, '
                      'test_mscoco_2017, test_2018'):
-    datasets.load_split_text(multi30k_config, 'test')
+    datasets.load_split_text(datasets.resolve(multi30k_config), 'test')
 
 
 def test_unknown_dataset():
   config = data_fixtures.data_config(dataset='wmt14')
   with pytest.raises(ValueError, match="Unknown dataset 'wmt14'; valid: "
                      'multi30k, iwslt14'):
-    datasets.get_data_sources(config)
+    datasets.get_data_sources(datasets.resolve(config))
 
 
 def test_unknown_dataset_config():
   config = data_fixtures.data_config(dataset_config='cased')
   with pytest.raises(ValueError, match='valid: original, tokenized'):
-    datasets.get_data_sources(config)
+    datasets.get_data_sources(datasets.resolve(config))
 
 
 def test_unknown_vocab_type():
   config = data_fixtures.data_config(vocab_type='wordpiece')
   with pytest.raises(ValueError, match='valid: unigram, bpe'):
-    tokenizer_lib.get_tokenizer(config)
+    tokenizer_lib.get_tokenizer(datasets.resolve(config))
 
 
 def test_languages_must_be_the_pair():
   config = data_fixtures.data_config(source_lang='de', target_lang='fr')
   with pytest.raises(ValueError, match="must be the two languages"):
-    datasets.language_pair(config)
+    datasets.resolve(config)
 
 
 
@@ -141,38 +141,40 @@ def test_copied_or_touched_source_files_keep_their_fingerprint(tmp_path):
   prepared data is reused and a run may resume. Same-size edits still change the fingerprint."""
   source = data_fixtures.write_multi30k(tmp_path / 'multi30k')
   config = data_fixtures.data_config(source_dir=str(source), cache_dir=str(tmp_path / 'cache'))
-  before = datasets.source_fingerprint(config)
+  before = datasets.resolve(config).fingerprint
 
   copy = tmp_path / 'copy' / 'multi30k'
   shutil.copytree(source, copy, copy_function=shutil.copyfile)  # new modification times
   config.source_dir = str(copy)
-  assert datasets.source_fingerprint(config) == before
+  assert datasets.resolve(config).fingerprint == before
   path = copy / 'raw' / 'val.en.gz'
   os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
-  assert datasets.source_fingerprint(config) == before
+  assert datasets.resolve(config).fingerprint == before
 
   data = bytearray(path.read_bytes())
   data[-1] ^= 1  # same size, one bit different
   path.write_bytes(bytes(data))
-  assert datasets.source_fingerprint(config) != before
+  assert datasets.resolve(config).fingerprint != before
 
 
 def test_edited_or_other_source_files_are_prepared_afresh(tmp_path):
   """Prepared data, tokenizers and token ids are keyed by the raw files, never reused stale."""
   source = data_fixtures.write_multi30k(tmp_path / 'multi30k')
   config = data_fixtures.data_config(source_dir=str(source), cache_dir=str(tmp_path / 'cache'))
-  assert datasets.load_examples(config, 'validation')['en'][0] == 'En Validation Sentence 0 .'
-  before = datasets.source_fingerprint(config)
+  validation = datasets.load_examples(datasets.resolve(config), 'validation')
+  assert validation['en'][0] == 'En Validation Sentence 0 .'
+  before = datasets.resolve(config).fingerprint
 
   _rewrite(source / 'raw' / 'val.en.gz', b'An edited line .\nTwo .\nThree .\n')
-  assert datasets.source_fingerprint(config) != before
-  assert datasets.load_examples(config, 'validation')['en'] == ['An edited line .', 'Two .', 'Three .']
+  assert datasets.resolve(config).fingerprint != before
+  validation = datasets.load_examples(datasets.resolve(config), 'validation')
+  assert validation['en'] == ['An edited line .', 'Two .', 'Three .']
 
   other = data_fixtures.write_multi30k(tmp_path / 'other')
   _rewrite(other / 'raw' / 'train.en.gz', b'one\ntwo\nthree\nfour\n')
   config.source_dir = str(other)
   with pytest.raises(sources.SourceError, match='train.en.gz has 4 lines'):
-    datasets.load_examples(config, 'train')
+    datasets.load_examples(datasets.resolve(config), 'train')
 
 
 @pytest.mark.parametrize('overrides, message', [
@@ -202,3 +204,31 @@ def test_a_count_given_as_true_is_refused_not_read_as_one(section, name):
   config[section][name] = True
   with pytest.raises(ValueError, match=rf'^config\.{section}\.{name}=True must be '):
     config_checks.check_config(config)
+
+
+def test_a_data_spec_reads_no_file_until_its_fingerprint_is_asked(tmp_path):
+  """eval.py --input translates with a run's vocabularies alone: resolving config.data must not
+  need the raw files, and the fingerprint then names the missing folder in one line."""
+  config = data_fixtures.data_config(source_dir=str(tmp_path / 'absent'),
+                                     cache_dir=str(tmp_path / 'cache'))
+  data = datasets.resolve(config)
+  assert (data.languages, data.cache_dir) == (('de', 'en'), tmp_path / 'cache')
+  with pytest.raises(sources.MissingSourceError, match='absent'):
+    data.fingerprint
+  with pytest.raises(AttributeError):
+    data.vocab_size = 5  # frozen: what a run resolved stays what it resolved
+
+
+def test_a_data_spec_names_the_files_the_caches_write(tmp_path):
+  """Tokenizer and token-id files carry the raw files' fingerprint and the vocabulary settings, so
+  edited data or another vocabulary never meets a stale cache."""
+  source = data_fixtures.write_multi30k(tmp_path / 'raw')
+  data = datasets.resolve(data_fixtures.data_config(source_dir=str(source),
+                                                    cache_dir=str(tmp_path / 'cache')))
+  assert data.tokenizer_file().name == f'multi30k-original-{data.fingerprint}-bpe-1000.model'
+  assert data.tokenizer_file('de').name.endswith('-bpe-1000-de.model')
+  assert data.token_ids_dir('abc').parent == tmp_path / 'cache' / 'token_ids'
+  separate = datasets.resolve(data_fixtures.data_config(
+      source_dir=str(source), cache_dir=str(tmp_path / 'cache'), vocabulary='separate'))
+  assert (data.model_languages, separate.model_languages) == ({'de': None, 'en': None},
+                                                              {'de': 'de', 'en': 'en'})

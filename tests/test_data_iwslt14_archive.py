@@ -99,11 +99,11 @@ def test_archive_gives_fairseqs_cleaned_split(tmp_path, dataset_config):
                           _expected_test_segments(test_set, 'en'))]
   for split, expected in (('train', train), ('validation', valid),
                           ('test', test)):
-    examples = datasets.load_examples(config, split)
+    examples = datasets.load_examples(datasets.resolve(config), split)
     assert list(zip(examples['de_tok'], examples['en_tok'])) == expected, split
   assert (len(train), len(valid), len(test)) == (57, 2, 10)
 
-  examples = datasets.load_examples(config, 'train')
+  examples = datasets.load_examples(datasets.resolve(config), 'train')
   if dataset_config == 'tokenized':
     assert examples['en'] == examples['en_tok']
   else:
@@ -117,7 +117,7 @@ def test_archive_missing_member(tmp_path):
   folder = _write_archive(tmp_path / 'iwslt14', members)
   with pytest.raises(FileNotFoundError,
                      match='lacks 1 member.*IWSLT14.TED.tst2011.de-en.en.xml'):
-    datasets.get_data_sources(_config(tmp_path, folder))
+    datasets.get_data_sources(datasets.resolve(_config(tmp_path, folder)))
 
 
 def test_archive_misaligned_training_text(tmp_path):
@@ -126,4 +126,4 @@ def test_archive_misaligned_training_text(tmp_path):
   folder = _write_archive(tmp_path / 'iwslt14', members)
   with pytest.raises(sources.SourceError, match='train.tags.de-en.en .* has 63 '
                      'lines but .*train.tags.de-en.de .* has 62'):
-    datasets.get_data_sources(_config(tmp_path, folder))
+    datasets.get_data_sources(datasets.resolve(_config(tmp_path, folder)))

@@ -28,9 +28,9 @@ def _assert_same_batches(first, second):
 
 
 def test_batches_hold_the_shifted_pairs(multi30k_config, multi30k_vocabularies):
-  iterator = pipeline.make_train_iterator(multi30k_config, multi30k_vocabularies,
+  iterator = pipeline.make_train_iterator(datasets.resolve(multi30k_config), multi30k_vocabularies,
                                           seed=0)
-  text = datasets.load_split_text(multi30k_config, 'train')
+  text = datasets.load_split_text(datasets.resolve(multi30k_config), 'train')
   for batch in _take(iterator, 3):
     assert set(batch) == _KEYS
     assert batch['encoder_input_tokens'].dtype == np.int32
@@ -55,9 +55,9 @@ def test_an_epoch_covers_every_kept_pair_once_within_budget(multi30k_config,
                                                             multi30k_vocabularies):
   multi30k_config.max_length = 24
   multi30k_config.max_tokens = 2000
-  iterator = pipeline.make_train_iterator(
-      multi30k_config, multi30k_vocabularies, seed=3, batch_multiple=8)
-  text = datasets.load_split_text(multi30k_config, 'train')
+  iterator = pipeline.make_train_iterator(datasets.resolve(multi30k_config), multi30k_vocabularies,
+                                          seed=3, batch_multiple=8)
+  text = datasets.load_split_text(datasets.resolve(multi30k_config), 'train')
   too_long = {i for i, (source, target) in enumerate(zip(text.source,
                                                          text.reference))
               if max(len(multi30k_vocabularies.source.encode(source)),
@@ -83,8 +83,9 @@ def test_an_epoch_covers_every_kept_pair_once_within_budget(multi30k_config,
 def test_a_source_word_limit_trains_on_the_short_pairs_only_and_counts_the_rest(multi30k_config,
                                                                                multi30k_vocabularies):
   multi30k_config.train_max_source_words = 10
-  iterator = pipeline.make_train_iterator(multi30k_config, multi30k_vocabularies, seed=0)
-  text = datasets.load_split_text(multi30k_config, 'train')
+  iterator = pipeline.make_train_iterator(datasets.resolve(multi30k_config), multi30k_vocabularies,
+                                          seed=0)
+  text = datasets.load_split_text(datasets.resolve(multi30k_config), 'train')
   long_sources = {i for i, source in enumerate(text.source) if len(source.split()) > 10}
   assert iterator.num_long_sources == len(long_sources) > 0
   batches = _take(iterator, iterator.batches_per_epoch)
@@ -97,7 +98,8 @@ def test_a_source_word_limit_trains_on_the_short_pairs_only_and_counts_the_rest(
 def test_epochs_are_reshuffled_deterministically(multi30k_config,
                                                  multi30k_vocabularies):
   def first_rows(seed, skip_epochs=0):
-    iterator = pipeline.make_train_iterator(multi30k_config, multi30k_vocabularies,
+    iterator = pipeline.make_train_iterator(datasets.resolve(multi30k_config),
+                                            multi30k_vocabularies,
                                             seed=seed)
     _take(iterator, skip_epochs * iterator.batches_per_epoch)
     return next(iterator)['example_index']
@@ -112,7 +114,7 @@ def test_resuming_from_state_gives_the_same_batches(multi30k_config,
                                                     multi30k_vocabularies,
                                                     num_workers):
   multi30k_config.num_workers = num_workers
-  iterator = pipeline.make_train_iterator(multi30k_config, multi30k_vocabularies,
+  iterator = pipeline.make_train_iterator(datasets.resolve(multi30k_config), multi30k_vocabularies,
                                           seed=5)
   # Stop just before an epoch boundary, so resuming crosses it.
   _take(iterator, iterator.batches_per_epoch - 2)
@@ -120,7 +122,7 @@ def test_resuming_from_state_gives_the_same_batches(multi30k_config,
   expected = _take(iterator, 4)
   assert [int(b['epoch']) for b in expected] == [0, 0, 1, 1]
 
-  resumed = pipeline.make_train_iterator(multi30k_config, multi30k_vocabularies,
+  resumed = pipeline.make_train_iterator(datasets.resolve(multi30k_config), multi30k_vocabularies,
                                          seed=5)
   resumed.set_state(state)
   _assert_same_batches(_take(resumed, 4), expected)
@@ -129,7 +131,7 @@ def test_resuming_from_state_gives_the_same_batches(multi30k_config,
 def test_process_shards_are_disjoint_and_cover_the_global_batch(
     multi30k_config, multi30k_vocabularies):
   make = lambda **kwargs: pipeline.make_train_iterator(
-      multi30k_config, multi30k_vocabularies, seed=7, **kwargs)
+      datasets.resolve(multi30k_config), multi30k_vocabularies, seed=7, **kwargs)
   single = make(batch_multiple=4)
   shards = [make(process_index=i, process_count=2, batch_multiple=2)
             for i in range(2)]
@@ -152,18 +154,18 @@ def test_process_shards_are_disjoint_and_cover_the_global_batch(
 def test_too_small_token_budget(multi30k_config, multi30k_vocabularies):
   multi30k_config.max_tokens = 100
   with pytest.raises(ValueError, match='max_tokens=100 cannot hold'):
-    pipeline.make_train_iterator(multi30k_config, multi30k_vocabularies, seed=0)
+    pipeline.make_train_iterator(datasets.resolve(multi30k_config), multi30k_vocabularies, seed=0)
 
 
 def test_eval_batches_keep_every_pair_grouped_by_length(multi30k_config,
                                                         multi30k_vocabularies):
-  batches = pipeline.make_eval_batches(multi30k_config, multi30k_vocabularies,
+  batches = pipeline.make_eval_batches(datasets.resolve(multi30k_config), multi30k_vocabularies,
                                        'test_2016', batch_size=64)
   index = np.concatenate([b['example_index'] for b in batches])
   assert len(index) == 16 * 64
   np.testing.assert_array_equal(np.sort(index[:1000]), np.arange(1000))
   assert (index[1000:] == -1).all()
-  text = datasets.load_split_text(multi30k_config, 'test_2016')
+  text = datasets.load_split_text(datasets.resolve(multi30k_config), 'test_2016')
   source_lengths = []
   for batch in batches:
     assert set(batch) == _KEYS - {'epoch'}
@@ -188,7 +190,7 @@ def test_eval_batches_keep_every_pair_grouped_by_length(multi30k_config,
 
 def test_eval_batches_of_the_first_examples(multi30k_config,
                                             multi30k_vocabularies):
-  batches = pipeline.make_eval_batches(multi30k_config, multi30k_vocabularies,
+  batches = pipeline.make_eval_batches(datasets.resolve(multi30k_config), multi30k_vocabularies,
                                        'test_2016', batch_size=64, examples=100)
   index = np.concatenate([b['example_index'] for b in batches])
   assert len(batches) == 2
@@ -198,13 +200,14 @@ def test_eval_batches_of_the_first_examples(multi30k_config,
 def test_subword_samples_train_on_every_sampled_copy_once_per_epoch(multi30k_config,
                                                                    multi30k_vocabularies):
   multi30k_config.update(subword_samples=2, subword_alpha=0.1, max_length=256)
-  iterator = pipeline.make_train_iterator(multi30k_config, multi30k_vocabularies, seed=0)
+  iterator = pipeline.make_train_iterator(datasets.resolve(multi30k_config), multi30k_vocabularies,
+                                          seed=0)
   assert iterator.num_filtered == 0 and iterator.num_pairs == 2 * 29000
-  text = datasets.load_split_text(multi30k_config, 'train')
+  text = datasets.load_split_text(datasets.resolve(multi30k_config), 'train')
   batches = _take(iterator, iterator.batches_per_epoch)
   seen = np.concatenate([b['example_index'] for b in batches])
   assert sorted(seen[seen >= 0].tolist()) == list(range(2 * 29000))
-  best = token_ids.load(multi30k_config, multi30k_vocabularies, 'train')['de']
+  best = token_ids.load(datasets.resolve(multi30k_config), multi30k_vocabularies, 'train')['de']
   for batch in batches[:3]:
     for row, index in enumerate(batch['example_index']):
       if index < 0:
@@ -214,7 +217,8 @@ def test_subword_samples_train_on_every_sampled_copy_once_per_epoch(multi30k_con
       assert multi30k_vocabularies.source.decode(source) == text.source[index % 29000]
       assert multi30k_vocabularies.target.decode(batch['decoder_target_tokens'][row]) == (
           text.reference[index % 29000])
-  copies = token_ids.load_sampled(multi30k_config, multi30k_vocabularies, 'train')['de']
+  copies = token_ids.load_sampled(datasets.resolve(multi30k_config), multi30k_vocabularies,
+                                  'train')['de']
   assert len(copies) == 2 * 29000
   cut = lambda ragged, i: ragged.ids[ragged.offsets[i]:ragged.offsets[i + 1]].tolist()
   # Both copies differ from the best segmentation, and from each other, on most lines.

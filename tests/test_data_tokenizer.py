@@ -14,7 +14,7 @@ from tests.data_fixtures import multi30k_config, multi30k_tokenizer  # pylint: d
 @pytest.mark.parametrize('lang', ['de', 'en'])
 def test_round_trip_on_the_whole_validation_set(multi30k_config,
                                                 multi30k_tokenizer, lang):
-  sentences = datasets.load_examples(multi30k_config, 'validation')[lang]
+  sentences = datasets.load_examples(datasets.resolve(multi30k_config), 'validation')[lang]
   assert len(sentences) == 1014
   ids = multi30k_tokenizer.encode_batch(sentences)
   assert [multi30k_tokenizer.decode(x) for x in ids] == sentences
@@ -40,14 +40,14 @@ def _small_unigram(tmp_path) -> tuple:
   config = data_fixtures.data_config(
       source_dir=str(source), cache_dir=str(tmp_path / 'cache'),
       vocab_type='unigram', vocab_size=800)
-  return config, tokenizer_lib.get_tokenizer(config)
+  return config, tokenizer_lib.get_tokenizer(datasets.resolve(config))
 
 
 def test_unigram_round_trip(tmp_path):
   config, tokenizer = _small_unigram(tmp_path)
   assert tokenizer.vocab_size == 800
   for lang in ('de', 'en'):
-    sentences = datasets.load_examples(config, 'validation')[lang]
+    sentences = datasets.load_examples(datasets.resolve(config), 'validation')[lang]
     assert len(sentences) == 1014
     assert [tokenizer.decode(tokenizer.encode(s)) for s in sentences] == sentences
 
@@ -59,7 +59,7 @@ def test_sampled_segmentations_decode_to_the_text_and_follow_the_seed(
     config, tokenizer = _small_unigram(tmp_path)
   else:  # the test vocabulary: BPE-dropout
     config, tokenizer = multi30k_config, multi30k_tokenizer
-  sentences = datasets.load_examples(config, 'validation')['de']
+  sentences = datasets.load_examples(datasets.resolve(config), 'validation')['de']
   best = tokenizer.encode_batch(sentences)
   sample = tokenizer.sample_batch(sentences, alpha=0.1, nbest_size=64, seed=1)
   assert [tokenizer.decode(ids) for ids in sample] == sentences
@@ -84,12 +84,12 @@ def test_special_ids(multi30k_tokenizer):
 
 def test_tokenizer_is_cached_by_its_settings(multi30k_config,
                                              multi30k_tokenizer):
-  path = tokenizer_lib.tokenizer_path(multi30k_config)
-  fingerprint = datasets.source_fingerprint(multi30k_config)
+  path = datasets.resolve(multi30k_config).tokenizer_file()
+  fingerprint = datasets.resolve(multi30k_config).fingerprint
   assert path.name == f'multi30k-original-{fingerprint}-bpe-1000.model'
   assert multi30k_tokenizer.model_path == path
   modified = path.stat().st_mtime_ns
-  again = tokenizer_lib.get_tokenizer(multi30k_config)
+  again = tokenizer_lib.get_tokenizer(datasets.resolve(multi30k_config))
   assert path.stat().st_mtime_ns == modified
   assert again.fingerprint == multi30k_tokenizer.fingerprint
   assert not list(path.parent.glob('*.tmp'))

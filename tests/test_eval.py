@@ -206,7 +206,7 @@ def test_eval_report_equals_sacrebleu_on_the_written_hypotheses(smoke_run, one_d
   report = json.load(open(workdir / 'eval' / f'{SPLIT}.json'))
   hypotheses = (workdir / 'eval' / f'{SPLIT}.hyp.txt').read_text().split('\n')
   assert hypotheses.pop() == ''  # the file ends with a newline
-  text = datasets.load_split_text(config.data, SPLIT)
+  text = datasets.load_split_text(datasets.resolve(config.data), SPLIT)
   assert len(hypotheses) == len(text.source) == report['sentences'] == 461
   assert report['checkpoint_steps'] == [4, 6]
   assert report['decoding'] == {'beam_size': 2, 'length_penalty': 1.0, 'length_penalty_form': 'fairseq',
@@ -258,11 +258,11 @@ def test_unset_decoding_flags_come_from_the_config_and_one_search_loop_of_the_ba
 def test_scores_of_imperfect_hypotheses_equal_sacrebleu(smoke_run):
   """Non-trivial scores, which the smoke model's hypotheses are not."""
   _, config = smoke_run
-  text = datasets.load_split_text(config.data, SPLIT)
+  text = datasets.load_split_text(datasets.resolve(config.data), SPLIT)
   # Every other line loses its last word, every third is lowercased.
   hypotheses = [' '.join(line.split()[:-1]) if i % 2 else line for i, line in enumerate(text.reference)]
   hypotheses = [line.lower() if i % 3 == 0 else line for i, line in enumerate(hypotheses)]
-  scores = translating.score(hypotheses, text, config.data)
+  scores = translating.score(hypotheses, text, datasets.resolve(config.data))
   assert 30 < scores['bleu'] < 95 and scores['tokenized_bleu'] > scores['bleu']
   assert scores['tokenized_bleu'] == sacrebleu.corpus_bleu(
       moses_lowercase(hypotheses), [text.reference_tokenized], tokenize='none').score
@@ -278,7 +278,7 @@ def test_translating_lines_batched_by_length_equals_one_at_a_time(smoke_run):
   run = trained_model.restore(str(workdir), None, 'last', mesh)
   settings = {'beam_size': 2, 'length_penalty': 1.0, 'length_penalty_form': 'fairseq',
               'max_length_a': 2, 'max_length_b': 0.5}
-  lines = datasets.load_split_text(config.data, SPLIT).source[:7]
+  lines = datasets.load_split_text(datasets.resolve(config.data), SPLIT).source[:7]
   lines.insert(3, '')
   together = eval_lib.translate_lines(run, lines, settings, 4, 2, mesh)
   assert together[3] == []  # an empty line is not translated

@@ -41,7 +41,7 @@ def test_bucket_boundaries():
 def test_buckets_partition_the_split_and_their_losses_average_to_the_validation_loss(short_run):
   workdir, config = short_run
   scored = length_buckets.score_run(str(workdir), ['validation'])['validation']
-  sources = datasets.load_split_text(config.data, 'validation').source
+  sources = datasets.load_split_text(datasets.resolve(config.data), 'validation').source
   words = np.array([len(source.split()) for source in sources])
   assert [b['sentences'] for b in scored] == [
       int(((words > low) & (words <= high)).sum()) for low, high in ((0, 5), (5, 10), (10, 15), (15, 20), (20, 10**6))]

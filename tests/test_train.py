@@ -63,7 +63,7 @@ def test_run_writes_metrics_status_config_and_checkpoints(finished_run):
   assert json.load(open(workdir / 'status.json'))['state'] == 'finished'
   assert json.load(open(workdir / 'config.json'))['model']['d_model'] == 32
   assert (workdir / 'tokenizer.model').read_bytes() == open(
-      tokenizer_lib.get_tokenizer(config.data).model_path, 'rb').read()
+      tokenizer_lib.get_tokenizer(datasets.resolve(config.data)).model_path, 'rb').read()
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['10', '20']
   assert any(name.startswith('events.out.tfevents') for name in os.listdir(workdir))
 

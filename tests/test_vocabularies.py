@@ -23,7 +23,7 @@ from tests.data_fixtures import multi30k_config  # pylint: disable=unused-import
 def _vocabularies(cache_dir: str, source_dir: str, vocabulary: str, source_lang: str,
                   target_lang: str) -> vocabularies_lib.Vocabularies:
   return vocabularies_lib.get_vocabularies(
-      _config(cache_dir, source_dir, vocabulary, source_lang, target_lang))
+      datasets.resolve(_config(cache_dir, source_dir, vocabulary, source_lang, target_lang)))
 
 
 def _config(cache_dir, source_dir, vocabulary, source_lang, target_lang):
@@ -49,9 +49,9 @@ def test_separate_vocabularies_are_one_per_language_each_fitted_to_its_own(multi
   assert separate.source.vocab_size == separate.target.vocab_size == 1000
   assert separate.describe() == 'vocabularies en 1,000 and de 1,000'
   for lang in ('de', 'en'):
-    path = tokenizer_lib.tokenizer_path(config, lang)
+    path = datasets.resolve(config).tokenizer_file(lang)
     assert path.name.endswith(f'-bpe-1000-{lang}.model') and separate.by_language[lang].model_path == path
-  text = datasets.load_split_text(config, 'validation')
+  text = datasets.load_split_text(datasets.resolve(config), 'validation')
   for tokenizer, own, other in ((separate.source, text.source, text.reference),
                                 (separate.target, text.reference, text.source)):
     assert [tokenizer.decode(ids) for ids in tokenizer.encode_batch(own)] == own
@@ -68,7 +68,7 @@ def test_separate_vocabularies_are_one_per_language_each_fitted_to_its_own(multi
 def test_a_joint_vocabulary_is_one_tokenizer_under_both_languages(multi30k_config):
   config, joint = config_and_vocabularies(multi30k_config, 'joint')
   assert joint.joint and joint.source is joint.target
-  assert joint.source.model_path == tokenizer_lib.tokenizer_path(config)
+  assert joint.source.model_path == datasets.resolve(config).tokenizer_file()
   # The token-id caches written before separate vocabularies existed keep their names.
   assert joint.fingerprint == joint.source.fingerprint
   assert joint.describe() == 'vocabulary 1,000'
@@ -80,16 +80,16 @@ def test_a_joint_vocabulary_is_one_tokenizer_under_both_languages(multi30k_confi
 def test_token_ids_are_cached_per_vocabularies_and_encode_each_language_with_its_own(multi30k_config):
   config, joint = config_and_vocabularies(multi30k_config, 'joint')
   _, separate = config_and_vocabularies(multi30k_config, 'separate')
-  lines = datasets.load_examples(config, 'validation')
-  joint_ids = token_ids.load(config, joint, 'validation')
-  separate_ids = token_ids.load(config, separate, 'validation')
+  lines = datasets.load_examples(datasets.resolve(config), 'validation')
+  joint_ids = token_ids.load(datasets.resolve(config), joint, 'validation')
+  separate_ids = token_ids.load(datasets.resolve(config), separate, 'validation')
   for lang in ('de', 'en'):
     for vocabularies, ids in ((joint, joint_ids), (separate, separate_ids)):
       expected = vocabularies.by_language[lang].encode_batch(lines[lang][:20])
       assert [list(ids[lang].ids[ids[lang].offsets[i]:ids[lang].offsets[i + 1]])
               for i in range(20)] == expected
   # Read again from the cache, each vocabulary's ids are its own, not the other's.
-  again = token_ids.load(config, separate, 'validation')
+  again = token_ids.load(datasets.resolve(config), separate, 'validation')
   np.testing.assert_array_equal(again['de'].ids, separate_ids['de'].ids)
   assert len(again['de'].ids) != len(joint_ids['de'].ids)
 
@@ -98,17 +98,18 @@ def test_token_ids_are_cached_per_vocabularies_and_encode_each_language_with_its
 def test_batches_of_separate_vocabularies_decode_to_the_pairs(multi30k_config, source_lang, target_lang):
   config, separate = config_and_vocabularies(multi30k_config, 'separate', source_lang, target_lang)
   config.pack_length = config.max_tokens // 4
-  text = datasets.load_split_text(config, 'train')
+  text = datasets.load_split_text(datasets.resolve(config), 'train')
   pairs = set(zip(text.source, text.reference))
-  batch = next(pipeline.make_train_iterator(config, separate, seed=0))
+  batch = next(pipeline.make_train_iterator(datasets.resolve(config), separate, seed=0))
   for row in range(3):
     sources = pipeline_row_text(batch['encoder_input_tokens'][row], separate.source)
     targets = pipeline_row_text(batch['decoder_target_tokens'][row], separate.target)
     # Packed rows: every pair of the row, in order, each side decoded with its own vocabulary.
     assert len(sources) == len(targets) > 0
     assert set(zip(sources, targets)) <= pairs
-  eval_text = datasets.load_split_text(config, 'test_mscoco_2017')
-  for batch in pipeline.make_eval_batches(config, separate, 'test_mscoco_2017', 32):
+  eval_text = datasets.load_split_text(datasets.resolve(config), 'test_mscoco_2017')
+  for batch in pipeline.make_eval_batches(datasets.resolve(config), separate, 'test_mscoco_2017',
+                                          32):
     for row, index in enumerate(batch['example_index']):
       if index >= 0:
         assert separate.source.decode(batch['encoder_input_tokens'][row]) == eval_text.source[index]
@@ -152,11 +153,12 @@ def test_a_run_with_separate_vocabularies_trains_and_eval_reads_sources_with_the
   config.model.share_embeddings = False
   config.train.update(num_steps=4, eval_every=4, checkpoint_every=4, log_every=4)
   trainer.train_and_evaluate(config, str(workdir))
-  assert run_dir.tokenizer_files(config.data) == {'en': 'tokenizer.en.model', 'de': 'tokenizer.de.model'}
+  assert run_dir.tokenizer_files(datasets.resolve(config.data)) == {
+      'en': 'tokenizer.en.model', 'de': 'tokenizer.de.model'}
   assert not (workdir / run_dir.TOKENIZER_FILE).exists()
   for lang in ('de', 'en'):
-    assert (workdir / f'tokenizer.{lang}.model').read_bytes() == tokenizer_lib.tokenizer_path(
-        config.data, lang).read_bytes()
+    cached = datasets.resolve(config.data).tokenizer_file(lang)
+    assert (workdir / f'tokenizer.{lang}.model').read_bytes() == cached.read_bytes()
   assert json.load(open(workdir / 'status.json'))['state'] == 'finished'
 
   mesh = partitioning.make_mesh()
@@ -170,7 +172,7 @@ def test_a_run_with_separate_vocabularies_trains_and_eval_reads_sources_with_the
   # German vocabulary.
   settings = {'beam_size': 2, 'length_penalty': 1.0, 'length_penalty_form': 'fairseq',
               'max_length_a': 2, 'max_length_b': 0.5}
-  sources = datasets.load_split_text(run.config.data, 'test_mscoco_2017').source
+  sources = datasets.load_split_text(run.data, 'test_mscoco_2017').source
   from_split, _ = eval_lib.translate_split(run, 'test_mscoco_2017', settings, 32, mesh)
   from_lines = eval_lib.translate_lines(run, sources[:16], settings, 16, 1, mesh)
   assert [hypotheses[0][1] for hypotheses in from_lines] == from_split[:16]

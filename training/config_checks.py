@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from data import datasets, tokenizer, vocabularies
+from data import tokenizer, vocabularies
 from model.config import ModelConfig
 from training import time_budget
 from training.optimizer import make_optimizer
@@ -31,7 +31,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError with a one-line message naming the first bad field.
 
   Runs before train.py writes anything: every field whose bad value would otherwise fail later
-  (dataset, languages, splits, optimizer, schedule, model) is checked here.
+  (optimizer, schedule, model, batching) is checked here; the dataset, languages and eval split
+  by `datasets.resolve`, which train_and_evaluate calls next.
   """
   missing = [name for name in _SECTIONS if name not in config]
   if missing:
@@ -86,13 +87,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   # num_epochs the run's length is not known yet, so any length past the warmup stands in.
   length = train.num_steps if not train.num_epochs else max(config.optim.warmup_steps, 0) + 1
   make_optimizer(config.optim, steps_per_epoch=1, total_steps=length)
-  datasets.check_dataset_config(config.data)
-  datasets.language_pair(config.data)
   if config.data.vocab_type not in tokenizer.VOCAB_TYPES:
     raise ValueError(f'config.data.vocab_type={config.data.vocab_type!r} is not one of: '
                      f'{", ".join(tokenizer.VOCAB_TYPES)}')
   check_subword_sampling(config.data)
-  datasets.check_split(config.data.dataset, config.data.eval_split)
   if not _is_int(train.save_on_stop_after) or train.save_on_stop_after < 0:
     raise ValueError(f'config.train.save_on_stop_after={train.save_on_stop_after!r} must be an '
                      'integer >= 0 (0: never save on a stop signal)')
@@ -122,9 +120,3 @@ def check_subword_sampling(data_config) -> None:
     raise ValueError(f'config.data.subword_nbest={nbest!r} must be -1 (every segmentation) or '
                      'above 1 (sentencepiece does not sample from 0 or 1 best)')
 
-
-def total_steps(train_config: ml_collections.ConfigDict, steps_per_epoch: int) -> int:
-  """Training length in optimizer steps: num_epochs (when set) times steps_per_epoch, else num_steps."""
-  if train_config.num_epochs:
-    return train_config.num_epochs * steps_per_epoch
-  return train_config.num_steps

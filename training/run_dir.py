@@ -31,7 +31,7 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-from data import vocabularies
+from data import datasets, vocabularies
 from training.partitioning import agreed
 
 CONFIG_FILE = 'config.json'
@@ -71,10 +71,10 @@ def path(workdir: str | os.PathLike, name: str) -> epath.Path:
   return epath.Path(workdir) / name
 
 
-def tokenizer_files(data_config) -> dict[str, str]:
+def tokenizer_files(data: datasets.DataSpec) -> dict[str, str]:
   """Language -> the name of the run folder's copy of its vocabulary (one name twice when joint)."""
   return {lang: TOKENIZER_FILE if model_language is None else f'tokenizer.{model_language}.model'
-          for lang, model_language in vocabularies.languages_of_models(data_config).items()}
+          for lang, model_language in data.model_languages.items()}
 
 
 def is_local(folder: str | os.PathLike) -> bool:
@@ -182,7 +182,7 @@ SOURCE_FINGERPRINT_COVERS = 'names and contents'
 
 
 def check_source(workdir: str, fingerprint: str) -> None:
-  """Refuses to resume on other raw data files than the run started with (data.source_fingerprint).
+  """Refuses to resume on other raw data files than the run started with (DataSpec.fingerprint).
 
   The data iterator's saved position indexes the prepared examples, which edited files change.
   A run started before source.json existed is accepted.
@@ -256,7 +256,7 @@ class RunLock:
     self.release()
 
 
-def load_run_vocabularies(workdir: str, data_config) -> vocabularies.Vocabularies:
+def load_run_vocabularies(workdir: str, data: datasets.DataSpec) -> vocabularies.Vocabularies:
   """The run's own vocabularies: WORKDIR/tokenizer.model (or one per language, see
   tokenizer_files), copied there from the cache on first start.
 
@@ -264,18 +264,18 @@ def load_run_vocabularies(workdir: str, data_config) -> vocabularies.Vocabularie
   been cleared or rebuilt. Process 0 prepares data and tokenizers first, so processes sharing a
   cache never race.
   """
-  files = tokenizer_files(data_config)
+  files = tokenizer_files(data)
   # File name -> a language it encodes (a joint vocabulary's one file encodes both).
   missing = {name: lang for lang, name in files.items() if not path(workdir, name).exists()}
   if jax.process_index() == 0 and missing:
-    cached = vocabularies.get_vocabularies(data_config)
+    cached = vocabularies.get_vocabularies(data)
     for name, lang in missing.items():
       target = path(workdir, name)
       temporary = target.with_name(target.name + '.tmp')
       cached.by_language[lang].model_path.copy(temporary, overwrite=True)
       temporary.replace(target)
   multihost_utils.sync_global_devices('data and tokenizer prepared')
-  return vocabularies.load({lang: path(workdir, name) for lang, name in files.items()}, data_config)
+  return vocabularies.load({lang: path(workdir, name) for lang, name in files.items()}, data)
 
 
 @contextlib.contextmanager

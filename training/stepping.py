@@ -6,6 +6,7 @@ length, reuse one compiled program (and the persistent compilation cache). Both 
 jitted calls, so that every process holds its replica, as it does the state's.
 """
 
+import dataclasses
 import time
 
 from absl import logging
@@ -18,15 +19,28 @@ from training import partitioning, train_state
 from training.optimizer import RunLength, make_optimizer
 
 
+@dataclasses.dataclass(frozen=True)
+class RunSteps:
+  """A run's length in optimizer steps, known once its training data is batched."""
+  steps_per_epoch: int  # batches in one pass over the training pairs
+  max_steps: int  # train.num_epochs epochs when set, else train.num_steps (a time budget may stop sooner)
+
+  @classmethod
+  def of(cls, train_config: ml_collections.ConfigDict, steps_per_epoch: int) -> 'RunSteps':
+    if train_config.num_epochs:
+      return cls(steps_per_epoch, train_config.num_epochs * steps_per_epoch)
+    return cls(steps_per_epoch, train_config.num_steps)
+
+
 class Schedule:
   """The run's learning-rate schedule and its length as the compiled step's argument.
 
   A time budget's plan moves the run's end (`set`); the records read the rate from here.
   """
 
-  def __init__(self, optim_config: ml_collections.ConfigDict, steps_per_epoch: int, mesh,
+  def __init__(self, optim_config: ml_collections.ConfigDict, steps: RunSteps, mesh,
                length: RunLength):
-    self._optim_config, self._steps_per_epoch = optim_config, steps_per_epoch
+    self._optim_config, self._steps_per_epoch = optim_config, steps.steps_per_epoch
     self._replicated = partitioning.replicated(mesh)
     self.set(length)
 
@@ -53,7 +67,7 @@ class TrainStep:
   """
 
   def __init__(self, config: ml_collections.ConfigDict, model: Transformer, mesh,
-               steps_per_epoch: int, clock):
+               steps: RunSteps, clock):
     replicated = partitioning.replicated(mesh)
     self._mesh, self._clock = mesh, clock
     self._dropout_key = jax.jit(lambda: jax.random.PRNGKey(config.train.seed + 1),
@@ -61,7 +75,7 @@ class TrainStep:
     self.microbatch_tokens = train_state.microbatch_tokens(config)
 
     def step_and_accumulate(state, window, batch, dropout_key, length):
-      tx_of_length, _ = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch,
+      tx_of_length, _ = make_optimizer(config.optim, steps_per_epoch=steps.steps_per_epoch,
                                        total_steps=length)
       state, metrics = train_state.train_step(state, batch, model=model, tx=tx_of_length,
                                               label_smoothing=config.train.label_smoothing,

@@ -28,7 +28,7 @@ from training import (config_checks, partitioning, periodic_actions as actions, 
                       stop_signals, time_budget, train_state)
 from training.checkpointing import Checkpointer
 from training.optimizer import RunLength, make_optimizer
-from training.stepping import Schedule, TrainStep
+from training.stepping import RunSteps, Schedule, TrainStep
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -56,12 +56,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     stop_signals.RunStopped: SIGTERM or SIGINT stopped the run after saving (status `stopped`).
   """
   config_checks.check_config(config)
+  data = datasets.resolve(config.data)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   with run_dir.claim_run_folder(workdir):
     changes = run_dir.check_resume(workdir, config)
-    fingerprint = datasets.source_fingerprint(config.data)
-    run_dir.check_source(workdir, fingerprint)
-    run = _set_up(config, workdir, changes, fingerprint)
+    run_dir.check_source(workdir, data.fingerprint)
+    run = _set_up(config, data, workdir, changes)
     return _train(run, stop_after_steps)
 
 
@@ -188,8 +188,8 @@ def _write_status(run: _Run, state: str, **fields) -> None:
     run_log.write_status(run.workdir, state, **fields)
 
 
-def _set_up(config: ml_collections.ConfigDict, workdir: str, changes: dict,
-            fingerprint: str) -> _Run:
+def _set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: str,
+            changes: dict) -> _Run:
   """Writes the run's config, prepares data, model and state (restored if the run has checkpoints),
   and makes the periodic actions; says what it made."""
   run_start = time.perf_counter()
@@ -201,21 +201,21 @@ def _set_up(config: ml_collections.ConfigDict, workdir: str, changes: dict,
       if old is not None:  # not a field added to the code since the run started
         say(f'{name} changed from {old!r} to {new!r} since this run started')
     run_dir.write_config(workdir, config)
-    run_dir.write_source(workdir, fingerprint)
+    run_dir.write_source(workdir, data.fingerprint)
     logging.info('config:\n%s', config)
 
   say('preparing data and vocabularies (minutes on a dataset\'s first use, then cached)')
-  vocabularies = run_dir.load_run_vocabularies(workdir, config.data)
+  vocabularies = run_dir.load_run_vocabularies(workdir, data)
   model = train_state.build_model(config, vocabularies.source.vocab_size,
                                   vocabularies.target.vocab_size)
   mesh = partitioning.make_mesh()
   train_iter = pipeline.make_train_iterator(
-      config.data, vocabularies, seed=config.train.seed, process_index=jax.process_index(),
+      data, vocabularies, seed=config.train.seed, process_index=jax.process_index(),
       process_count=jax.process_count(), batch_multiple=jax.local_device_count())
-  steps_per_epoch = train_iter.batches_per_epoch
-  max_steps = config_checks.total_steps(config.train, steps_per_epoch)
+  steps = RunSteps.of(config.train, train_iter.batches_per_epoch)
+  max_steps = steps.max_steps
   # The optimizer state's structure does not depend on the run's length (the step's argument).
-  tx, _ = make_optimizer(config.optim, steps_per_epoch=steps_per_epoch, total_steps=max_steps)
+  tx, _ = make_optimizer(config.optim, steps_per_epoch=steps.steps_per_epoch, total_steps=max_steps)
   state = train_state.create_train_state(model, tx, config.train.seed, mesh)
   checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
                               save_every=config.train.checkpoint_every)
@@ -236,16 +236,16 @@ def _set_up(config: ml_collections.ConfigDict, workdir: str, changes: dict,
       writer=writer, say=say, is_primary=is_primary, agreed=partitioning.agreed)
   saved_window = resumed.get('metrics_window')
   clock = actions.Clock(run_start, resumed.get('run_seconds', 0.0))  # {} for a new run
-  schedule = Schedule(config.optim, steps_per_epoch, mesh, plan.length or RunLength.fixed(total_steps))
-  train_step = TrainStep(config, model, mesh, steps_per_epoch, clock)
+  schedule = Schedule(config.optim, steps, mesh, plan.length or RunLength.fixed(total_steps))
+  train_step = TrainStep(config, model, mesh, steps, clock)
   # The steps after the last record, trained before the checkpoint: the next record covers them
   # as an uninterrupted run's does.
   window = actions.MetricsWindow(train_step.new_window, saved_window and saved_window['sums'],
                                  replicated=partitioning.replicated(mesh))
-  evaluator = Evaluator(config, vocabularies, model, mesh,
+  evaluator = Evaluator(data, vocabularies, model, mesh,
                         jax.jit(functools.partial(train_state.eval_step, model=model)))
 
-  say(_describe_data(config.data, train_iter, vocabularies))
+  say(_describe_data(data, train_iter, vocabularies))
   length = (f'up to {max_steps} steps, as many as fit {config.train.time_budget_minutes} min '
             f'(planned at step {budget.plan_at})' if budget.plan_at else f'{total_steps} steps')
   say(_describe_model(model, state.params, length, latest, train_step.microbatch_tokens))
@@ -273,7 +273,7 @@ def _set_up(config: ml_collections.ConfigDict, workdir: str, changes: dict,
       checkpointing=actions.Checkpointing(
           every=config.train.checkpoint_every, save_on_stop_after=config.train.save_on_stop_after,
           checkpointer=checkpointer, train_iter=train_iter, clock=clock, last_saved=latest or 0),
-      epochs=actions.EpochClock(writer, steps_per_epoch))
+      epochs=actions.EpochClock(writer, steps.steps_per_epoch))
 
 
 def _restore(checkpointer: Checkpointer, state: train_state.TrainState, train_iter, say,
@@ -297,20 +297,18 @@ def _restore(checkpointer: Checkpointer, state: train_state.TrainState, train_it
   return latest, state, extra
 
 
-def _describe_data(data_config, train_iter: pipeline.TrainIterator,
+def _describe_data(data: datasets.DataSpec, train_iter: pipeline.TrainIterator,
                    vocabularies: vocabularies_lib.Vocabularies) -> str:
   """The console's line about the prepared data."""
-  source, target = datasets.language_pair(data_config)
-  packing = (f', packed into rows of {data_config.pack_length} tokens'
-             if data_config.pack_length else '')
-  samples = data_config.subword_samples
+  packing = f', packed into rows of {data.pack_length} tokens' if data.pack_length else ''
+  samples = data.subword_samples
   sampled = f' ({samples} sampled segmentations of each)' if samples else ''
   short = (f', {train_iter.num_long_sources:,} with sources of more than '
-           f'{data_config.train_max_source_words} words' if data_config.train_max_source_words else '')
-  return (f'data: {data_config.dataset} {source}->{target}, {train_iter.num_pairs:,} training pairs{sampled} '
-          f'in {train_iter.batches_per_epoch} batches per epoch{packing} ({train_iter.num_filtered} '
-          f'longer than max_length={data_config.max_length}{short} left out), '
-          f'{vocabularies.describe()}; cached in {datasets.cache_dir(data_config)}')
+           f'{data.train_max_source_words} words' if data.train_max_source_words else '')
+  return (f'data: {data.dataset} {data.source_lang}->{data.target_lang}, {train_iter.num_pairs:,} '
+          f'training pairs{sampled} in {train_iter.batches_per_epoch} batches per epoch{packing} '
+          f'({train_iter.num_filtered} longer than max_length={data.max_length}{short} left out), '
+          f'{vocabularies.describe()}; cached in {data.cache_dir}')
 
 
 def _describe_model(model: Transformer, params, length: str, resumed_from: int | None,
