@@ -206,14 +206,14 @@ def _set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir:
 
   say('preparing data and vocabularies (minutes on a dataset\'s first use, then cached)')
   vocabularies = run_dir.load_run_vocabularies(workdir, data)
-  model = train_state.build_model(config, vocabularies.source.vocab_size,
-                                  vocabularies.target.vocab_size)
-  mesh = partitioning.make_mesh()
   train_iter = pipeline.make_train_iterator(
       data, vocabularies, seed=config.train.seed, process_index=jax.process_index(),
       process_count=jax.process_count(), batch_multiple=jax.local_device_count())
   steps = RunSteps.of(config.train, train_iter.batches_per_epoch)
   max_steps = steps.max_steps
+  model = train_state.build_model(config, vocabularies.source.vocab_size,
+                                  vocabularies.target.vocab_size)
+  mesh = partitioning.make_mesh()
   # The optimizer state's structure does not depend on the run's length (the step's argument).
   tx, _ = make_optimizer(config.optim, steps_per_epoch=steps.steps_per_epoch, total_steps=max_steps)
   state = train_state.create_train_state(model, tx, config.train.seed, mesh)
