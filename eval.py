@@ -22,6 +22,7 @@ against the dataset's tokenized references) and `buckets` (count and BLEU per so
 words, for length extrapolation).
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -219,14 +220,29 @@ def main(argv):
   start = time.perf_counter()
   # The table (or the translations) is the output; library INFO records (orbax) would bury it.
   run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
-  args = flags.FLAGS
+  try:
+    evaluate(flags.FLAGS, start)
+  except ValueError as error:
+    raise SystemExit(f'eval.py: {command_line.one_line_error(error)}') from None
+  except OSError as error:  # an unreadable --input, an unwritable output or run folder
+    raise SystemExit(f'eval.py: {run_dir.os_error_line(error)}') from None
+
+
+def evaluate(args, start: float) -> None:
+  """Translates --input or scores --split; every destination is opened before the model loads."""
   workdir, split, checkpoint = args.workdir, args.split, args.checkpoint
   flag_settings = {name: args[name].value for name in (
       'beam_size', 'length_penalty', 'length_penalty_form', 'early_stopping', 'max_length_a',
       'max_length_b', 'smallest_batch')}
-  try:
-    lines = read_lines(args.input) if args.input else None
-    config = trained_model.load_config(workdir)
+  lines = read_lines(args.input) if args.input else None
+  config = trained_model.load_config(workdir)
+  out_dir = epath.Path(args.out_dir) if args.out_dir else run_dir.path(workdir, run_dir.EVAL_DIR)
+  if lines is None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir.is_local(out_dir) and not os.access(out_dir, os.W_OK):
+      raise ValueError(f'{out_dir} is not writable: choose another folder with --out_dir')
+  with (open(args.output, 'w', encoding='utf-8') if args.output else contextlib.nullcontext(
+      sys.stdout)) as output:
     use_cpu_devices(args.cpu_devices, args.batch_size or config.data.eval_batch_size)
     mesh = partitioning.make_mesh()
     # As in train.py: the search compiled per batch shape (and per halving of the batch) is
@@ -235,27 +251,19 @@ def main(argv):
     run = trained_model.restore(workdir, split, checkpoint, mesh)
     settings, batch_size = decoding_settings(run.config, flag_settings, args.batch_size)
     if lines is not None:
-      results = translate_lines(run, lines, settings, batch_size, args.nbest, mesh)
-  except ValueError as error:
-    raise SystemExit(f'eval.py: {command_line.one_line_error(error)}') from None
-  if lines is not None:
-    if args.output:
-      with open(args.output, 'w', encoding='utf-8') as f:
-        write_translations(results, args.nbest, f)
-    else:
-      write_translations(results, args.nbest, sys.stdout)
-    return
+      write_translations(translate_lines(run, lines, settings, batch_size, args.nbest, mesh),
+                         args.nbest, output)
+      return
   hypotheses, timing = translate_split(run, split, settings, batch_size, mesh)
   report = {
-      'workdir': workdir if not run_dir.is_local(workdir) else os.path.abspath(workdir), 'split': split, 'sentences': len(hypotheses),
+      'workdir': workdir if not run_dir.is_local(workdir) else os.path.abspath(workdir),
+      'split': split, 'sentences': len(hypotheses),
       'checkpoint': checkpoint, 'checkpoint_steps': run.steps,
       'decoding': dict(settings, batch_size=batch_size),
       **translating.score(hypotheses, datasets.load_split_text(run.data, split), run.data),
       **timing, 'devices': f'{jax.device_count()} x {jax.devices()[0].device_kind}',
   }
   report['wall_s'] = time.perf_counter() - start
-  out_dir = epath.Path(args.out_dir) if args.out_dir else run_dir.path(workdir, run_dir.EVAL_DIR)
-  out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / f'{split}.hyp.txt').write_text(''.join(line + '\n' for line in hypotheses), encoding='utf-8')
   (out_dir / f'{split}.json').write_text(json.dumps(report, indent=2))
   print_table(report)

@@ -10,8 +10,7 @@ The loop is training/trainer.py; what the workdir receives, training/run_dir.py.
 
 import sys
 
-from absl import app, flags
-from etils import epath
+from absl import app, flags, logging
 import jax
 
 from data import datasets, sources
@@ -35,11 +34,14 @@ def main(argv):
   config = command_line.config_from_flags()
   try:
     run_dir.check_reachable(WORKDIR.value)
+    run_dir.make_run_folder(WORKDIR.value)
   except run_dir.RunFolderError as error:
     raise SystemExit(str(error)) from None
-  epath.Path(WORKDIR.value).mkdir(parents=True, exist_ok=True)
-  run_log.route_library_logging(run_dir.path(WORKDIR.value, run_dir.LOG_FILE),
-                                to_terminal=flags.FLAGS['verbosity'].present)
+  try:
+    run_log.route_library_logging(run_dir.path(WORKDIR.value, run_dir.LOG_FILE),
+                                  to_terminal=flags.FLAGS['verbosity'].present)
+  except OSError as error:
+    raise SystemExit(f'cannot write the run folder: {run_dir.os_error_line(error)}') from None
   # Compiled train and eval steps are reused across restarts and sweep runs of the same shapes
   # (10-20 s per batch shape on a 2-core CPU).
   jax.config.update('jax_compilation_cache_dir', str(datasets.compilation_cache_dir(config.data)))
@@ -52,6 +54,15 @@ def main(argv):
     sys.exit(stopped.exit_code)
   except (run_dir.RunFolderError, checkpointing.CheckpointError, sources.SourceError) as error:
     raise SystemExit(str(error)) from None
+  except ValueError as error:
+    # A config value only the data can refute (a vocabulary size sentencepiece cannot train).
+    logging.info('stopped by a ValueError', exc_info=True)  # train.log only
+    raise SystemExit(f'invalid config: {error}') from None
+  except OSError as error:
+    # A file the run cannot read or write (permissions, a full disk): one line here, the
+    # traceback in train.log.
+    logging.info('stopped by an OSError', exc_info=True)  # train.log only
+    raise SystemExit(run_dir.os_error_line(error)) from None
   except KeyboardInterrupt:
     # Ctrl-C before training started (while preparing data or compiling): nothing to save.
     print('interrupted before training started', file=sys.stderr, flush=True)

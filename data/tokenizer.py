@@ -13,6 +13,7 @@ import hashlib
 import io
 import os
 from pathlib import Path
+import re
 import tempfile
 from typing import Sequence
 
@@ -104,7 +105,37 @@ def get_tokenizer(data: datasets.DataSpec, language: str | None = None) -> Token
 
 def _train(sentences: list[str], path: Path, vocab_type: str,
            vocab_size: int) -> None:
+  """Trains the model into `path`; raises ValueError (one line) naming config.data.vocab_size when
+  the training text cannot give `vocab_size` pieces."""
   model = io.BytesIO()
+  try:
+    _train_into(model, sentences, vocab_type, vocab_size)
+  except RuntimeError as error:
+    raise ValueError(_vocab_size_error(str(error), vocab_type, vocab_size)) from None
+  path.parent.mkdir(parents=True, exist_ok=True)
+  # Written under a temporary name and renamed, so that concurrent runs never
+  # read a half-written model.
+  with tempfile.NamedTemporaryFile(dir=path.parent, suffix='.tmp',
+                                   delete=False) as f:
+    f.write(model.getvalue())
+  os.replace(f.name, path)
+
+
+def _vocab_size_error(message: str, vocab_type: str, vocab_size: int) -> str:
+  """sentencepiece's error of an impossible vocabulary size, as the config field and its bound."""
+  too_small = re.search(r'smaller than required_chars\. \d+ vs (\d+)', message)
+  if too_small:
+    return (f'config.data.vocab_size={vocab_size} is too small for this data: its characters, '
+            f'the 256 byte pieces and the special tokens need at least {too_small.group(1)}')
+  too_large = re.search(r'Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)',
+                        message)
+  if too_large:
+    return (f'config.data.vocab_size={vocab_size} is more than the training text gives: '
+            f'{vocab_type!r} finds at most {too_large.group(1)} pieces in it')
+  return f'config.data.vocab_size={vocab_size}: sentencepiece failed: {message.splitlines()[-1]}'
+
+
+def _train_into(model: io.BytesIO, sentences: list[str], vocab_type: str, vocab_size: int) -> None:
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(sentences),
       model_writer=model,
@@ -122,10 +153,3 @@ def _train(sentences: list[str], path: Path, vocab_type: str,
       pad_id=PAD_ID, eos_id=EOS_ID, bos_id=BOS_ID, unk_id=UNK_ID,
       minloglevel=2,
   )
-  path.parent.mkdir(parents=True, exist_ok=True)
-  # Written under a temporary name and renamed, so that concurrent runs never
-  # read a half-written model.
-  with tempfile.NamedTemporaryFile(dir=path.parent, suffix='.tmp',
-                                   delete=False) as f:
-    f.write(model.getvalue())
-  os.replace(f.name, path)

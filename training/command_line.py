@@ -6,6 +6,9 @@ with `parse_flags` and read the checked config with `config_from_flags`; scripts
 each run's arguments with `parse_config_args`, as train.py will parse them.
 """
 
+import re
+import sys
+
 from absl import flags
 import ml_collections
 from ml_collections import config_flags
@@ -30,15 +33,40 @@ def one_line_error(error: BaseException) -> str:
   return ' '.join(text.split())
 
 
+def unknown_field(error: BaseException, argv: list[str]) -> str | None:
+  """For an override naming no field of the config ('--config.model.bogus=1'), one line naming it
+  by its path, with config_flags' suggestion where it has one; None for any other error."""
+  # config_flags wraps the KeyError of the unknown key in an AttributeError.
+  while error.args and isinstance(error.args[0], BaseException):
+    error = error.args[0]
+  if not isinstance(error, (AttributeError, KeyError)) or not error.args:
+    return None
+  match = re.match(r"'([^']+)'\s*(?:Did you mean \"([^\"]+)\")?", str(error.args[0]))
+  if not match:
+    return None
+  name, suggestion = match.groups()
+  for arg in argv:
+    path = arg.split('=', 1)[0].lstrip('-').split('.')
+    if path[0] == 'config' and name in path[1:]:
+      parent = '.'.join(path[:path.index(name, 1)])
+      hint = f'; did you mean {parent}.{suggestion}?' if suggestion else ''
+      return f'{".".join(path)}: {parent} has no field {name!r}{hint}'
+  return None
+
+
+def _invalid_command_line(error: BaseException, argv: list[str]) -> str:
+  return f'invalid command line: {unknown_field(error, argv) or one_line_error(error)}'
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl parsing, with any error (missing config file, unknown override key, bad value) as one line."""
   try:
     return flags.FLAGS(argv)
   except Exception as error:  # config_flags raises AttributeError, IOError, flags.Error, ...
-    raise SystemExit(f'invalid command line: {one_line_error(error)}') from None
+    raise SystemExit(_invalid_command_line(error, argv)) from None
 
 
-def _checked(flag_values: flags.FlagValues) -> ml_collections.ConfigDict:
+def _checked(flag_values: flags.FlagValues, argv: list[str]) -> ml_collections.ConfigDict:
   # Imported here: it loads JAX (through the model config), which scripts/report.py, reading
   # sweep folders through experiments/sweeps.py, has no use for.
   from training import config_checks  # pylint: disable=g-import-not-at-top
@@ -46,7 +74,7 @@ def _checked(flag_values: flags.FlagValues) -> ml_collections.ConfigDict:
     config = flag_values.config
     config.keys()  # config_flags loads the file and applies overrides lazily, on first use
   except Exception as error:  # IOError, AttributeError (unknown key), flags.Error, ...
-    raise ValueError(f'invalid command line: {one_line_error(error)}') from None
+    raise ValueError(_invalid_command_line(error, argv)) from None
   try:
     config_checks.check_config(config)
   except ValueError as error:
@@ -57,7 +85,7 @@ def _checked(flag_values: flags.FlagValues) -> ml_collections.ConfigDict:
 def config_from_flags() -> ml_collections.ConfigDict:
   """The parsed --config, validated (training/config_checks.py), or SystemExit with one line."""
   try:
-    return _checked(flags.FLAGS)
+    return _checked(flags.FLAGS, sys.argv)
   except ValueError as error:
     raise SystemExit(str(error)) from None
 
@@ -74,5 +102,5 @@ def parse_config_args(args: list[str]) -> ml_collections.ConfigDict:
   try:
     flag_values(argv)
   except Exception as error:  # flags.Error, AttributeError, IOError, ...
-    raise ValueError(f'invalid command line: {one_line_error(error)}') from None
-  return _checked(flag_values)
+    raise ValueError(_invalid_command_line(error, argv)) from None
+  return _checked(flag_values, argv)

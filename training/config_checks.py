@@ -1,5 +1,7 @@
 """Checks of the whole experiment config that run before anything is built or compiled."""
 
+import math
+
 import ml_collections
 
 from data import tokenizer, vocabularies
@@ -37,6 +39,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   missing = [name for name in _SECTIONS if name not in config]
   if missing:
     raise ValueError(f'config lacks sections: {", ".join(missing)}')
+  for section in _SECTIONS:
+    for name, value in config[section].items():
+      if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f'config.{section}.{name}={value!r} must be a finite number')
   for section, names in _POSITIVE_INTS.items():
     for name in names:
       value = config[section][name]

@@ -83,7 +83,9 @@ def _inverse_sqrt(optim, decay_steps, steps_per_epoch):
   scale = optim.inverse_sqrt_scale or max(optim.warmup_steps, 1)
   # optax 0.2.8 has no inverse-square-root decay, and polynomial_schedule clips
   # its count to a finite horizon, so this one is written out.
-  return lambda count: peak * jnp.sqrt(scale / (count + scale))
+  # join_schedules also evaluates the decay during warmup, at negative counts it then discards:
+  # clipped at 0, so a Python int count of -scale does not divide by zero.
+  return lambda count: peak * jnp.sqrt(scale / (jnp.maximum(count, 0) + scale))
 
 
 def _cosine(optim, decay_steps, steps_per_epoch):

@@ -77,6 +77,44 @@ def tokenizer_files(data: datasets.DataSpec) -> dict[str, str]:
           for lang, model_language in data.model_languages.items()}
 
 
+def make_run_folder(workdir: str | os.PathLike) -> None:
+  """Creates `workdir` (and its parents) if absent; raises RunFolderError (one line) where it is a
+  file, lies under one, or cannot be created, read or written."""
+  folder = epath.Path(workdir)
+  try:
+    folder.mkdir(parents=True, exist_ok=True)
+  except (FileExistsError, NotADirectoryError):
+    raise RunFolderError(f'{os.fspath(workdir)} is a file or lies under one: a run folder must be '
+                         'a folder') from None
+  except OSError as error:
+    raise RunFolderError(f'cannot create the run folder {os.fspath(workdir)}: '
+                         f'{error.strerror or error}') from None
+  if is_local(workdir) and not os.access(folder, os.R_OK | os.W_OK | os.X_OK):
+    raise RunFolderError(f'{os.fspath(workdir)}: the run folder must be readable and writable '
+                         'by this user')
+
+
+def undo_failed_start(workdir: str | os.PathLike) -> None:
+  """Removes what a run's first start wrote when it failed before its first step (config.json,
+  source.json, the vocabulary copies, status, metrics and event files, an empty checkpoints
+  folder), so that the same command, once the cause is fixed, starts the run afresh instead of
+  being refused as a changed run. train.log stays: it holds the failure's traceback."""
+  folder = epath.Path(workdir)
+  for name in (CONFIG_FILE, SOURCE_FILE, STATUS_FILE, METRICS_FILE):
+    (folder / name).unlink(missing_ok=True)
+  for written in [*folder.glob('tokenizer*.model'), *folder.glob('events.out.tfevents.*')]:
+    written.unlink(missing_ok=True)
+  checkpoints = folder / CHECKPOINT_DIR
+  if checkpoints.is_dir() and not any(checkpoints.iterdir()):
+    checkpoints.rmdir()
+
+
+def os_error_line(error: OSError) -> str:
+  """An OSError as one line naming its file: 'PATH: Permission denied'."""
+  where = f'{error.filename}: ' if error.filename else ''
+  return f'{where}{error.strerror or error}'
+
+
 def is_local(folder: str | os.PathLike) -> bool:
   """Whether `folder` is on a local (or mounted) file system rather than object storage."""
   return '://' not in os.fspath(folder)

@@ -37,7 +37,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   train.time_budget_minutes), resuming from `workdir` if it has checkpoints.
 
   Before anything is written: the config is checked, the run folder locked (one process group
-  trains a run at a time) and, on resume, the config compared with the run's config.json.
+  trains a run at a time) and, on resume, the config compared with the run's config.json. A first
+  start that fails before its first step removes what it wrote (run_dir.undo_failed_start).
 
   Args:
     config: the full experiment config (configs/base.py fields).
@@ -61,8 +62,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   with run_dir.claim_run_folder(workdir):
     changes = run_dir.check_resume(workdir, config)
     run_dir.check_source(workdir, data.fingerprint)
-    run = _set_up(config, data, workdir, changes)
-    return _train(run, stop_after_steps)
+    first_start = not run_dir.path(workdir, run_dir.CONFIG_FILE).exists()
+    run = None
+    try:
+      run = _set_up(config, data, workdir, changes)
+      return _train(run, stop_after_steps)
+    except BaseException:
+      if first_start and (run is None or not run.progress.steps_this_run) and (
+          jax.process_index() == 0):
+        run_dir.undo_failed_start(workdir)
+      raise
 
 
 @dataclasses.dataclass
@@ -117,7 +126,7 @@ def _train(run: _Run, stop_after_steps: int | None) -> train_state.TrainState:
     if progress.step % run.train_iter.batches_per_epoch == 0:
       run.epochs.finish(progress)
   except run_log.DivergenceError as error:
-    logging.error('%s', error)
+    logging.info('%s', error)  # train.log; train.py prints it once
     _write_status(run, 'diverged', step=error.step, message=str(error))
     raise
   except stop_signals.RunStopped as stopped:
