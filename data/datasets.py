@@ -19,6 +19,7 @@ import io
 import json
 import os
 from pathlib import Path
+import re
 from typing import NamedTuple, Sequence
 
 from absl import logging
@@ -28,10 +29,12 @@ from tensorflow_datasets.proto import tf_example_pb2
 from data import builder
 from data import iwslt14
 from data import multi30k
+from data import parallel_text
 from data import sources
 
 # config.data.dataset -> builder class.
-BUILDERS = {'multi30k': multi30k.Multi30k, 'iwslt14': iwslt14.Iwslt14}
+BUILDERS = {'multi30k': multi30k.Multi30k, 'iwslt14': iwslt14.Iwslt14,
+            'parallel_text': parallel_text.ParallelText}
 DEFAULT_CACHE_DIR = '~/.cache/seq2seq_lab'
 
 
@@ -88,6 +91,12 @@ class DataSpec:
     return self.source_lang, self.target_lang
 
   @property
+  def corpus_languages(self) -> tuple[str, str]:
+    """The two languages in a direction-free order (sorted): the prepared data, a joint
+    vocabulary and the token-id caches serve both directions."""
+    return tuple(sorted(self.languages))
+
+  @property
   def model_languages(self) -> dict[str, str | None]:
     """Language -> which sentencepiece model encodes it: None for the joint one, else the
     language's own code (data.vocabulary 'separate')."""
@@ -116,9 +125,19 @@ def resolve(data_config) -> DataSpec:
   """
   _check_dataset_config(data_config)
   pair = (data_config.source_lang, data_config.target_lang)
-  if set(pair) != set(builder.LANGUAGES):
+  languages = builder_class(data_config.dataset).LANGUAGES
+  if languages is None and not data_config.source_dir:
+    raise ValueError(f'config.data.dataset={data_config.dataset!r} reads your own files: set '
+                     'config.data.source_dir to their folder')
+  if languages is not None and set(pair) != set(languages):
     raise ValueError(f'config.data.source_lang/target_lang {pair} must be the two languages '
-                     f'{builder.LANGUAGES}, in either order')
+                     f'{languages}, in either order')
+  for lang in pair:
+    if not re.fullmatch(r'[A-Za-z][\w-]*', lang):
+      raise ValueError(f'config.data.source_lang/target_lang {pair}: {lang!r} is not a language '
+                       "code such as 'en' or 'pt_br' (letters, digits, '_' and '-')")
+  if pair[0] == pair[1]:
+    raise ValueError(f'config.data.source_lang and target_lang are both {pair[0]!r}')
   check_split(data_config.dataset, data_config.eval_split)
   fields = {field.name: data_config[field.name] for field in dataclasses.fields(DataSpec)
             if field.name != 'cache_dir'}
@@ -156,6 +175,8 @@ def _source_fingerprint(data: DataSpec) -> str:
                                                                  path.stat().st_mtime_ns))
                    for path in folder.rglob('*') if path.is_file())
   key = [data.dataset, data.dataset_config, str(cls.VERSION), files]
+  if cls.LANGUAGES is None:  # one folder may hold more than two languages' files
+    key.append(data.corpus_languages)
   return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
 
 
@@ -225,7 +246,8 @@ def get_builder(data: 'DataSpec | _PreparedData', splits: Sequence[str] | None =
   with _exclusive(data_dir.with_name(data_dir.name + '.lock')), contextlib.redirect_stdout(printed):
     dataset_builder = builder_class(data.dataset)(
         config=data.dataset_config, data_dir=str(data_dir), source_dir=data.source_dir,
-        download_dir=str(data.cache_dir / 'downloads'), splits=splits, file_format='array_record')
+        download_dir=str(data.cache_dir / 'downloads'), splits=splits,
+        languages=data.corpus_languages, file_format='array_record')
     dataset_builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   if printed.getvalue().strip():
@@ -251,7 +273,8 @@ def load_examples(data: DataSpec, split: str) -> dict[str, list[str]]:
   """
   check_split(data.dataset, split)
   return _load_examples(_PreparedData(data.dataset, data.dataset_config, data.source_dir,
-                                      data.cache_dir, data.fingerprint), split)
+                                      data.cache_dir, data.fingerprint, data.corpus_languages),
+                        split)
 
 
 def load_split_text(data: DataSpec, split: str) -> SplitText:
@@ -268,6 +291,7 @@ class _PreparedData(NamedTuple):
   source_dir: str
   cache_dir: Path
   fingerprint: str
+  corpus_languages: tuple[str, str]
 
 
 @functools.lru_cache(maxsize=16)
@@ -278,10 +302,11 @@ def _load_examples(data: _PreparedData, split: str) -> dict[str, list[str]]:
   source = get_builder(data).as_data_source(
       split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
   records = source.__getitems__(range(len(source)))
-  examples = {field: [''] * len(records) for field in builder.TEXT_FIELDS}
+  fields = builder.text_fields(data.corpus_languages)
+  examples = {field: [''] * len(records) for field in fields}
   for record in records:
     features = tf_example_pb2.Example.FromString(record).features.feature
     index = features['index'].int64_list.value[0]
-    for field in builder.TEXT_FIELDS:
+    for field in fields:
       examples[field][index] = features[field].bytes_list.value[0].decode()
   return examples

@@ -15,7 +15,6 @@ from typing import Callable
 
 import numpy as np
 
-from data import builder
 from data import datasets
 from data import vocabularies as vocabularies_lib
 
@@ -52,9 +51,10 @@ def load(data: datasets.DataSpec, vocabularies: vocabularies_lib.Vocabularies,
   def encode():
     examples = datasets.load_examples(data, split)
     return {lang: RaggedIds.from_lists(vocabularies.by_language[lang].encode_batch(examples[lang]))
-            for lang in builder.LANGUAGES}
+            for lang in data.corpus_languages}
 
-  return _cached(data.token_ids_dir(vocabularies.fingerprint) / f'{split}.npz', encode)
+  return _cached(data.token_ids_dir(vocabularies.fingerprint) / f'{split}.npz', encode,
+                 data.corpus_languages)
 
 
 def load_sampled(data: datasets.DataSpec, vocabularies: vocabularies_lib.Vocabularies,
@@ -74,13 +74,15 @@ def load_sampled(data: datasets.DataSpec, vocabularies: vocabularies_lib.Vocabul
         ids for copy in range(samples)
         for ids in vocabularies.by_language[lang].sample_batch(
             examples[lang], alpha=alpha, nbest_size=nbest, seed=2 * copy + number + 1)])
-            for number, lang in enumerate(builder.LANGUAGES)}
+            for number, lang in enumerate(data.corpus_languages)}
 
   name = f'{split}-sampled-{samples}x-alpha{alpha:g}-nbest{nbest}.npz'
-  return _cached(data.token_ids_dir(vocabularies.fingerprint) / name, encode)
+  return _cached(data.token_ids_dir(vocabularies.fingerprint) / name, encode,
+                 data.corpus_languages)
 
 
-def _cached(path: Path, encode: Callable[[], dict[str, RaggedIds]]) -> dict[str, RaggedIds]:
+def _cached(path: Path, encode: Callable[[], dict[str, RaggedIds]],
+            languages: tuple[str, str]) -> dict[str, RaggedIds]:
   """The ids stored at `path`, computed by `encode` and stored there first if absent."""
   if not path.exists():
     arrays = {}
@@ -94,4 +96,4 @@ def _cached(path: Path, encode: Callable[[], dict[str, RaggedIds]]) -> dict[str,
     os.replace(f.name, path)
   with np.load(path) as arrays:
     return {lang: RaggedIds(arrays[f'{lang}_ids'], arrays[f'{lang}_offsets'])
-            for lang in builder.LANGUAGES}
+            for lang in languages}

@@ -22,7 +22,6 @@ from etils import epath
 import numpy as np
 import sentencepiece as spm
 
-from data import builder
 from data import datasets
 from model.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -86,16 +85,16 @@ def get_tokenizer(data: datasets.DataSpec, language: str | None = None) -> Token
   Args:
     data: the run's DataSpec (dataset, vocab_type, vocab_size, ...).
     language: None for the vocabulary joint over both languages; a language code (one of
-      builder.LANGUAGES) for that language's own, trained on its side of the training split only.
+      data.languages) for that language's own, trained on its side of the training split only.
   """
   if data.vocab_type not in VOCAB_TYPES:
     raise ValueError(f'Unknown vocab_type {data.vocab_type!r}; valid: {", ".join(VOCAB_TYPES)}')
-  if language is not None and language not in builder.LANGUAGES:
-    raise ValueError(f'No tokenizer of language {language!r}; valid: {", ".join(builder.LANGUAGES)}')
+  if language is not None and language not in data.languages:
+    raise ValueError(f'No tokenizer of language {language!r}; valid: {", ".join(data.languages)}')
   path = data.tokenizer_file(language)
   if not path.exists():
     examples = datasets.load_examples(data, 'train')
-    sentences = [line for lang in ((language,) if language else builder.LANGUAGES)
+    sentences = [line for lang in ((language,) if language else data.corpus_languages)
                  for line in examples[lang]]
     logging.info('Training a %d-piece %s sentencepiece model on %d sentences (%s)',
                  data.vocab_size, data.vocab_type, len(sentences), language or 'both languages')

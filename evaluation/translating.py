@@ -24,8 +24,9 @@ from training import partitioning
 # Upper ends of the source-length buckets in words; longer sources form the last bucket.
 BUCKET_ENDS = (10, 20, 30, 40)
 # Whether the dataset's tokenized references went through Moses' normalize-punctuation.perl:
-# Multi30k's lc.norm.tok files did, fairseq's prepare-iwslt14.sh does not normalise.
-_REFERENCES_NORMALISED = {'multi30k': True, 'iwslt14': False}
+# Multi30k's lc.norm.tok files did; fairseq's prepare-iwslt14.sh and data/parallel_text.py's
+# references are tokenized without it.
+_REFERENCES_NORMALISED = {'multi30k': True, 'iwslt14': False, 'parallel_text': False}
 
 
 def check_batch_size(batch_size: int, name: str) -> None:

@@ -10,13 +10,19 @@ import jax.numpy as jnp
 import pytest
 
 from training import train_state
-from configs import base, iwslt14, multi30k, smoke
+from configs import base, iwslt14, multi30k, parallel_text, smoke
 from configs.sweeps import packing, xiong2020
 from data import datasets
 from training import config_checks, stepping
 from training.optimizer import make_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
+
+def _own_corpus(preset):
+  config = parallel_text.get_config(preset)
+  config.data.source_dir = '/corpus'  # read only when the data is prepared
+  return config
+
 
 CONFIGS = {
     'base': base.get_config,
@@ -25,6 +31,7 @@ CONFIGS = {
     'multi30k:en_de': lambda: multi30k.get_config('en_de'),
     'multi30k:de_en_small': lambda: multi30k.get_config('de_en_small'),
     'iwslt14:de_en': lambda: iwslt14.get_config('de_en'),
+    **{f'parallel_text:{preset}': functools.partial(_own_corpus, preset) for preset in ('small', 'base')},
     'sweeps/packing': packing.get_config,
     **{f'sweeps/xiong2020:{preset}': functools.partial(xiong2020.get_config, preset)
        for preset in xiong2020.PRESETS},
