@@ -7,7 +7,8 @@
 With --input (a file, or '-' for stdin) it writes one detokenised translation per input line, in
 input order, to --output (default stdout); an empty line gives an empty line. With --nbest=N each
 input line gives N lines `LINE<TAB>SCORE<TAB>TRANSLATION` (LINE counts from 1, SCORE is the
-length-penalised log-probability), best first.
+length-penalised log-probability), best first; an empty line gives N empty translations of score 0.
+To keep the model loaded and translate lines as they arrive: scripts/translate.py.
 
 Everything comes from the workdir: config.json (saved by train.py) rebuilds data, vocabularies and
 model, checkpoints/ holds the parameters. --checkpoint: 'last', 'best' (lowest validation loss), a
@@ -31,15 +32,12 @@ import time
 from absl import app, flags
 from etils import epath
 import jax
-from jax.experimental import multihost_utils
 import ml_collections
-import numpy as np
 
-from data import batching, datasets, pipeline, token_ids
-from model import decoding
-from model.translate import beam_translate
+from data import datasets, pipeline
 from training import command_line, partitioning, run_dir, run_log
 from evaluation import trained_model, translating
+from evaluation.line_translator import LineTranslator, write_translations
 
 
 def decoding_settings(config: ml_collections.ConfigDict, flag_settings: dict,
@@ -110,54 +108,6 @@ def read_lines(path: str) -> list[str]:
       raise ValueError(f'--input line {number} is not valid UTF-8 ({error.reason} at byte '
                        f'{error.start})') from None
   return lines
-
-
-def translate_lines(run: trained_model.Restored, lines: list[str], settings: dict, batch_size: int, nbest: int,
-                    mesh) -> list[list[tuple[float, str]]]:
-  """The `nbest` best (score, translation) of every line, batched by length, in input order.
-
-  Empty lines are not translated: they get no hypotheses. Raises ValueError, before decoding
-  anything, for a line longer than the model's positions allow.
-  """
-  if nbest > settings['beam_size']:
-    raise ValueError(f'--nbest={nbest} exceeds the beam size {settings["beam_size"]}: a beam '
-                     f'search keeps that many hypotheses; raise --beam_size')
-  ids = run.vocabularies.source.encode_batch(lines)
-  max_position = run.config.model.max_position
-  for number, line_ids in enumerate(ids, start=1):
-    padded = batching.round_up(len(line_ids) + 1, 8)
-    generated = decoding.decode_length_limit(padded, settings['max_length_a'], settings['max_length_b'])
-    if max(padded, generated) > max_position:
-      raise ValueError(f'--input line {number} has {len(line_ids)} subword tokens: with its EOS and '
-                       f'up to {generated} generated tokens it exceeds the model\'s max_position '
-                       f'{max_position}; split the line')
-  translated = [row for row, line_ids in enumerate(ids) if line_ids]  # the non-empty lines
-  source = token_ids.RaggedIds.from_lists([ids[row] for row in translated])
-  variables = partitioning.replicate(run.variables, mesh)
-  search = translating.search_per_device(beam_translate, run.model, settings, mesh)
-  results = [[] for _ in lines]
-  for batch in pipeline.make_source_batches(source, batch_size):
-    rows = translating.local_rows(batch, len(batch['encoder_input_tokens']))
-    tokens = partitioning.global_batch(rows, mesh)['encoder_input_tokens']
-    hypotheses, scores = search(variables, tokens, settings['length_penalty'])  # [B, K, T], [B, K]
-    hypotheses, scores = (np.asarray(multihost_utils.process_allgather(array, tiled=True))
-                          for array in (hypotheses, scores))
-    for i, index in enumerate(batch['example_index']):
-      if index >= 0:
-        results[translated[index]] = [
-            (float(scores[i, k]),
-             translating.hypothesis_text(run.vocabularies.target, hypotheses[i, k]))
-            for k in range(nbest)]
-  return results
-
-
-def write_translations(results: list[list[tuple[float, str]]], nbest: int, stream) -> None:
-  for number, hypotheses in enumerate(results, start=1):
-    if nbest == 1:
-      stream.write((hypotheses[0][1] if hypotheses else '') + '\n')
-    else:
-      for score, text in hypotheses:
-        stream.write(f'{number}\t{score:.4f}\t{text}\n')
 
 
 def print_table(report: dict) -> None:
@@ -251,8 +201,8 @@ def evaluate(args, start: float) -> None:
     run = trained_model.restore(workdir, split, checkpoint, mesh)
     settings, batch_size = decoding_settings(run.config, flag_settings, args.batch_size)
     if lines is not None:
-      write_translations(translate_lines(run, lines, settings, batch_size, args.nbest, mesh),
-                         args.nbest, output)
+      translator = LineTranslator(run, settings, batch_size, args.nbest, mesh)
+      write_translations(translator(lines), args.nbest, output)
       return
   hypotheses, timing = translate_split(run, split, settings, batch_size, mesh)
   report = {

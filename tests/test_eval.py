@@ -23,6 +23,7 @@ from model.config import ModelConfig
 from model.transformer import Transformer
 from model.translate import beam_translate, translate
 from training import partitioning, train_state, trainer
+from evaluation.line_translator import LineTranslator
 from evaluation import averaging, trained_model, translating
 from training.checkpointing import Checkpointer
 from tests.sweep_fixtures import NO_LLVM_OPTIMISATION
@@ -280,11 +281,12 @@ def test_translating_lines_batched_by_length_equals_one_at_a_time(smoke_run):
               'max_length_a': 2, 'max_length_b': 0.5}
   lines = datasets.load_split_text(datasets.resolve(config.data), SPLIT).source[:7]
   lines.insert(3, '')
-  together = eval_lib.translate_lines(run, lines, settings, 4, 2, mesh)
-  assert together[3] == []  # an empty line is not translated
+  translator = LineTranslator(run, settings, 4, 2, mesh)
+  together = translator(lines)
+  assert together[3] == [(0.0, '')] * 2  # an empty line is not translated, but keeps its place
   for line, hypotheses in zip(lines, together):
     if line:
-      alone = eval_lib.translate_lines(run, [line], settings, 4, 2, mesh)[0]
+      alone = translator([line])[0]
       # Other batch shapes round the float32 scores differently.
       assert [text for _, text in hypotheses] == [text for _, text in alone]
       np.testing.assert_allclose([score for score, _ in hypotheses], [score for score, _ in alone],
