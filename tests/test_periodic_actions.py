@@ -61,3 +61,22 @@ def test_an_epoch_is_recorded_only_when_this_invocation_trained_all_of_it():
     progress.steps_this_run += 1
   assert [(step, record['epoch_finished']) for step, record in records.records] == [(8, 1)]
   assert records.records[0][1]['epoch_seconds'] >= 0
+
+
+def test_the_eta_adds_the_validations_and_checkpoints_still_due_to_the_training_pace(monkeypatch):
+  """100 steps in 260 s of which 60 were paused: 2 s a step. From step 150 of 320, validations
+  every 100 are due at 200, 300 and the last step (3), checkpoints every 50 at 150 (reported
+  before it is saved), 200, 250, 300 and 320 (5): 170 x 2 + 3 x 10 + 5 x 1 = 375 s."""
+  now = [1000.0]
+  monkeypatch.setattr(actions.time, 'perf_counter', lambda: now[0])
+  clock = actions.Clock(run_start=900.0)
+  eta = actions.Eta(clock, eval_every=100, checkpoint_every=50)
+  progress = actions.Progress(step=50, total_steps=320)
+  assert eta.seconds_left(progress) is None  # no step of this invocation yet
+  now[0] += 260.0
+  clock.pause(60.0)
+  progress.step, progress.steps_this_run = 150, 100
+  eta.validation_seconds, eta.save_seconds = 10.0, 1.0
+  assert eta.seconds_left(progress) == 375.0
+  progress.step = progress.total_steps = 320  # the last step: its validation and save remain
+  assert eta.seconds_left(progress) == 10.0 + 1.0

@@ -288,3 +288,10 @@ def test_a_whole_epoch_records_its_wall_clock_time(tmp_path, data_cache):
   # Everything from the epoch's first batch to its end, within the whole call's time.
   assert 0 < epoch_record['epoch_seconds'] < wall_seconds
   assert {r['epoch'] for r in records if 'train_loss' in r} == {0}
+
+
+def test_status_json_follows_the_run_at_every_logged_step(tmp_path, data_cache):
+  config = smoke_config(data_cache, num_steps=20, log_every=2, eval_every=20, checkpoint_every=20)
+  trainer.train_and_evaluate(config, str(tmp_path / 'run'), stop_after_steps=5)
+  status = json.loads((tmp_path / 'run' / 'status.json').read_text())
+  assert (status['state'], status['step']) == ('running', 4)  # the last logged step

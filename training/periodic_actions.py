@@ -66,6 +66,37 @@ class Clock:
     self.window_start = time.perf_counter() - seconds_so_far
 
 
+class Eta:
+  """The seconds a run has left: its remaining steps at this invocation's training pace (pauses
+  left out), plus the validations and checkpoints still due, the final ones included, at the
+  latest measured cost of each (counted from the first one measured)."""
+
+  def __init__(self, clock: Clock, *, eval_every: int, checkpoint_every: int):
+    self._clock, self._eval_every, self._checkpoint_every = clock, eval_every, checkpoint_every
+    self._start, self._paused_at_start = time.perf_counter(), clock.paused
+    self.validation_seconds = self.save_seconds = 0.0
+
+  def seconds_left(self, progress: Progress) -> float | None:
+    """None before this invocation's first step. Called as a step is reported, before that step's
+    own validation and checkpoint, which it counts."""
+    if not progress.steps_this_run:
+      return None
+    training = time.perf_counter() - self._start - (self._clock.paused - self._paused_at_start)
+    steps_left = progress.total_steps - progress.step
+    return (training / progress.steps_this_run * steps_left
+            + _due_from(progress.step, progress.total_steps, self._eval_every)
+            * self.validation_seconds
+            + _due_from(progress.step, progress.total_steps, self._checkpoint_every)
+            * self.save_seconds)
+
+
+def _due_from(step: int, last_step: int, every: int) -> int:
+  """How many of steps step..last_step a cadence of `every` acts at, the last step always."""
+  if last_step < step:
+    return 0
+  return last_step // every - (step - 1) // every + (last_step % every != 0)
+
+
 class MetricsWindow:
   """The metric sums of the steps since the last record, on device (train_state.accumulate_metrics)."""
 
@@ -97,10 +128,13 @@ class MetricsReport:
   """Every `log_every` steps (and the last): one metrics record, the console, the divergence watch."""
 
   def __init__(self, *, log_every: int, writer: run_log.MetricsWriter, console, loss_watch,
-               window: MetricsWindow, clock: Clock, compile_seconds: dict, schedule):
+               window: MetricsWindow, clock: Clock, compile_seconds: dict, schedule, eta: Eta,
+               status):
+    """`status(step)` writes status.json's step (process 0; a no-op elsewhere)."""
     self._log_every, self._writer, self._console = log_every, writer, console
     self._loss_watch, self._window, self._clock = loss_watch, window, clock
-    self._compile_seconds, self._schedule = compile_seconds, schedule
+    self._compile_seconds, self._schedule, self._eta = compile_seconds, schedule, eta
+    self._status = status
 
   def __call__(self, progress: Progress) -> None:
     step = progress.step
@@ -122,9 +156,11 @@ class MetricsReport:
     }
     self._writer.write(step, record)
     self._loss_watch.check(step, record['train_loss'])
+    self._status(step)
     if self._console:
-      self._console.update(step, epoch=progress.epoch, loss=record['train_loss'],
-                           lr=record['learning_rate'], tok_s=record['tokens_per_sec'])
+      self._console.update(step, self._eta.seconds_left(progress), epoch=progress.epoch,
+                           loss=record['train_loss'], lr=record['learning_rate'],
+                           tok_s=record['tokens_per_sec'])
     self._window.reset()
     self._clock.new_window()
 

@@ -16,7 +16,6 @@ import logging
 import math
 import os
 import sys
-import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -186,11 +185,10 @@ def add_library_log_file(log_file: str | os.PathLike) -> logging.Handler:
 class Console:
   """What a person watching a run sees: a handful of plain lines and a progress bar.
 
-  On a terminal a tqdm bar moves every step, with the latest loss, tokens/s and epoch; its ETA
-  is the average time per step since this invocation started (or a time budget last planned),
-  so evaluation, checkpoint and compile pauses are in it. Lines print above the bar. Where the
-  stream is not a terminal (nohup, a pipe, CI with the CI variable set) there is no bar: each
-  logged record prints as one plain line with its own ETA instead. Library logging goes elsewhere
+  On a terminal a tqdm bar moves every step, with the latest loss, tokens/s, epoch and ETA (the
+  loop's estimate: training pace plus the validations and checkpoints still due). Lines print
+  above the bar. Where the stream is not a terminal (nohup, a pipe, CI with the CI variable set)
+  there is no bar: each logged record prints as one plain line with its ETA instead. Library logging goes elsewhere
   (train.py: WORKDIR/train.log).
   """
 
@@ -212,23 +210,15 @@ class Console:
         (no ETA until `set_total`: one counted to the upper bound would be hours off).
       initial_step: Step resumed from, so the ETA counts only what remains.
     """
-    self._total, self._initial = total_steps, initial_step
-    self._start = time.perf_counter()
-    # smoothing=0: the rate is the average since the start, not the last few steps.
+    self._total = total_steps
+    # Without tqdm's own remaining time: the loop's ETA comes in the postfix (`update`).
     self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, file=self._file,
                           disable=not self._interactive, unit='step', dynamic_ncols=True,
-                          smoothing=0)
+                          bar_format='{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]')
 
-  def set_total(self, total_steps: int, at_step: int) -> None:
-    """Changes the run's length (a time budget's plan, made at `at_step`) once the bar has started.
-
-    The ETA then counts from here: the rate before a budget's first plan holds the compiling and
-    first validation of the run's start (an ETA of 57:54 where ~51 min were left, on the Xeon VM).
-    """
-    self._total, self._initial, self._start = total_steps, at_step, time.perf_counter()
-    self._bar.total = total_steps
-    if self._interactive:  # tqdm's own rate: (n - initial) / (now - start_t)
-      self._bar.initial, self._bar.start_t = at_step, self._bar._time()
+  def set_total(self, total_steps: int) -> None:
+    """Changes the run's length (a time budget's plan) once the bar has started."""
+    self._total = self._bar.total = total_steps
     self._bar.refresh()
 
   def line(self, text: str) -> None:
@@ -242,27 +232,29 @@ class Console:
     """Moves the bar to `step` (absolute, not an increment)."""
     self._bar.update(step - self._bar.n)
 
-  def update(self, step: int, **postfix: Any) -> None:
+  def update(self, step: int, eta_seconds: float | None, **postfix: Any) -> None:
     """Shows a logged record's `postfix` (e.g. epoch=, loss=, tok_s=) after the bar at `step`.
 
     Args:
       step: Current optimizer step.
+      eta_seconds: What the run has left (None: unknown, not shown; also while a time budget
+        has not planned the run's length).
       **postfix: Scalars shown after the bar; tqdm shortens them (3 significant digits where
         that is shorter); the plain line shows them the same way.
     """
     values = {name: _to_python(value) for name, value in postfix.items()}
+    shown = ', '.join(f'{name}={tqdm.tqdm.format_num(value)}' for name, value in values.items())
+    eta = (f'ETA {tqdm.tqdm.format_interval(eta_seconds)}'
+           if eta_seconds is not None and self._total is not None else None)
     if self._interactive:
       # Postfix first: update() redraws, at most every 0.1 s.
-      self._bar.set_postfix(values, refresh=False)
+      self._bar.set_postfix_str(', '.join(filter(None, [shown, eta])), refresh=False)
       self.step(step)
       return
-    shown = ', '.join(f'{name}={tqdm.tqdm.format_num(value)}' for name, value in values.items())
     if self._total is None:
       self.line(f'step {step}: {shown}')
       return
-    done = step - self._initial
-    remaining = (time.perf_counter() - self._start) / done * (self._total - step) if done else 0.0
-    self.line(f'step {step}/{self._total}: {shown}, ETA {tqdm.tqdm.format_interval(remaining)}')
+    self.line(f'step {step}/{self._total}: {shown}' + (f', {eta}' if eta else ''))
 
   def close(self) -> None:
     if self._bar is not None:

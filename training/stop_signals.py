@@ -37,20 +37,21 @@ class StopSignals:
   installs nothing and only the preemption service can stop the run.
   """
 
-  def __init__(self, *, multiprocess: bool):
+  def __init__(self, *, multiprocess: bool, say=None):
+    """Args: multiprocess: install nothing (see above); say: prints a notice on its own line (the
+    console's, which keeps it off the progress bar's line); stderr by default."""
     self._multiprocess = multiprocess
+    self._say = say or (lambda text: print(text, file=sys.stderr, flush=True))
     self._previous = {}
     self.received: int | None = None
 
   def _handle(self, signum, frame) -> None:
     del frame
     if self.received is not None:
-      print(f'second {signal.Signals(signum).name}: exiting now, without saving', file=sys.stderr,
-            flush=True)
+      self._say(f'second {signal.Signals(signum).name}: exiting now, without saving')
       os._exit(128 + signum)  # pylint: disable=protected-access
     self.received = signum
-    print(f'{signal.Signals(signum).name} received: stopping after this step (again to exit now)',
-          file=sys.stderr, flush=True)
+    self._say(f'{signal.Signals(signum).name} received: stopping after this step (again to exit now)')
 
   def install(self) -> None:
     if not self._multiprocess and threading.current_thread() is threading.main_thread():

@@ -92,6 +92,7 @@ class _Run:
   schedule: Schedule
   train_step: TrainStep
   budget: time_budget.BudgetKeeper
+  eta: actions.Eta
   report: actions.MetricsReport
   validation: actions.Validation
   checkpointing: actions.Checkpointing
@@ -102,7 +103,8 @@ def _train(run: _Run, stop_after_steps: int | None) -> train_state.TrainState:
   """The loop: step, then hand the step to the periodic actions, until the run's last step."""
   progress, state = run.progress, run.state
   # From here on SIGTERM and SIGINT stop the run at the end of a step (before, they end it at once).
-  signals = stop_signals.StopSignals(multiprocess=jax.process_count() > 1)
+  signals = stop_signals.StopSignals(multiprocess=jax.process_count() > 1,
+                                     say=run.console.line if run.console else None)
   signals.install()
   try:
     while progress.step < progress.total_steps:
@@ -186,10 +188,14 @@ def _validate_and_save(run: _Run, state: train_state.TrainState) -> None:
     progress.total_steps = budget.plan.end_step
     run.schedule.set(budget.plan.length)
     if run.console:
-      run.console.set_total(progress.total_steps, step)
+      run.console.set_total(progress.total_steps)
   clock.pause(time.perf_counter() - pause_start)
   if replan or step == plan_at:
     budget.plan.start_timing(step, time.perf_counter(), clock.paused)
+  if validated:
+    run.eta.validation_seconds = validated.seconds
+  if save_due:
+    run.eta.save_seconds = save_seconds
 
 
 def _write_status(run: _Run, state: str, **fields) -> None:
@@ -268,14 +274,18 @@ def _set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir:
     console.start(None if budget.plan_at else total_steps, initial_step=step)
   clock.new_window(saved_window['seconds'] if saved_window else 0.0)
   budget.start(step, clock.paused)
+  eta = actions.Eta(clock, eval_every=config.train.eval_every,
+                    checkpoint_every=config.train.checkpoint_every)
   return _Run(
       config=config, workdir=workdir, is_primary=is_primary, console=console, say=say,
       train_iter=train_iter, state=state, checkpointer=checkpointer, writer=writer,
       progress=progress, clock=clock, window=window, schedule=schedule, train_step=train_step,
-      budget=budget,
-      report=actions.MetricsReport(log_every=config.train.log_every, writer=writer, console=console,
-                                   loss_watch=loss_watch, window=window, clock=clock,
-                                   compile_seconds=train_step.compile_seconds, schedule=schedule),
+      budget=budget, eta=eta,
+      report=actions.MetricsReport(
+          log_every=config.train.log_every, writer=writer, console=console, loss_watch=loss_watch,
+          window=window, clock=clock, compile_seconds=train_step.compile_seconds,
+          schedule=schedule, eta=eta,
+          status=lambda at: run_log.write_status(workdir, 'running', step=at) if is_primary else None),
       validation=actions.Validation(every=config.train.eval_every, evaluator=evaluator,
                                     writer=writer, say=say,
                                     earlier_records=writer.previous_records),
