@@ -1,7 +1,8 @@
 """Trains a Transformer translation model from a config file.
 
-  python train.py --config=configs/multi30k.py --workdir=runs/m30k \
-      --config.model.norm_position=post --config.optim.warmup_steps=0
+  python train.py --config=configs/multi30k.py --workdir=runs/m30k
+  python train.py --config=configs/multi30k.py --workdir=runs/post_ln --config.model.norm_position=post
+  python train.py --helpconfig    # every --config.SECTION.FIELD with its default and meaning
 
 Re-running the same command on an existing workdir resumes from its latest checkpoint
 (params, optimizer state, step and data-iterator position; dropout keys derive from the step).
@@ -19,6 +20,9 @@ from training import trainer
 
 WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (created or resumed).', required=True)
 command_line.define_config_flag()
+# Listed by --help (flags defined in another module are otherwise shown only by --helpfull).
+flags.declare_key_flag('config')
+flags.declare_key_flag('helpconfig')
 COORDINATOR_ADDRESS = flags.DEFINE_string('coordinator_address', None,
                                           'host:port of process 0 (multi-process runs).')
 NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Processes in a multi-process run.')

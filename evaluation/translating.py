@@ -144,8 +144,10 @@ def length_buckets(sources: list[str], hypotheses: list[str], references: list[s
 
 def score(hypotheses: list[str], text: datasets.SplitText, data: datasets.DataSpec) -> dict:
   """Every score of the JSON report, computed by sacrebleu."""
+  # force=True: tokenized BLEU scores tokenized text on purpose, which sacrebleu would otherwise
+  # warn about on the terminal ("forgot to detokenize"); the signature is the same.
   detokenised_bleu, chrf, tokenized_bleu = (sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF(),
-                                            sacrebleu.metrics.BLEU(tokenize='none'))
+                                            sacrebleu.metrics.BLEU(tokenize='none', force=True))
   return {
       'bleu': detokenised_bleu.corpus_score(hypotheses, [text.reference]).score,
       'bleu_signature': str(detokenised_bleu.get_signature()),

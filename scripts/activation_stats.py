@@ -45,7 +45,7 @@ from data import tokenizer as tokenizer_lib
 from model import norms
 from model.blocks import DecoderLayer, EncoderLayer
 from model.transformer import Transformer
-from training import command_line, train_state
+from training import command_line, run_log, train_state
 
 # Placement name -> (config.model.norm_position, whether norms are applied). Without norms 'post'
 # and 'pre' wire alike (x + f(x)); 'pre' is the one used.
@@ -157,6 +157,8 @@ def define_flags() -> None:
 
 def main(argv) -> None:
   del argv
+  # What the script prints is its output; library INFO records go only where --verbosity asks.
+  run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
   config, out = experiment.config_and_out()
   num_pairs = flags.FLAGS.num_pairs
   vocab_size, (batch,) = experiment.load_batches_or_exit(config.data, flags.FLAGS.split, num_pairs,

@@ -21,7 +21,7 @@ import numpy as np
 
 from data import datasets, tokenizer as tokenizer_lib
 from model.translate import translate
-from training import partitioning
+from training import partitioning, run_log
 from evaluation import trained_model
 
 WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory of train.py.', required=True)
@@ -70,6 +70,8 @@ def draw(weights: np.ndarray, source: list[str], target: list[str], title: str, 
 
 def main(argv):
   del argv
+  # What the script prints is its output; library INFO records go only where --verbosity asks.
+  run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
   mesh = partitioning.make_mesh()
   try:
     run = trained_model.restore(WORKDIR.value, SPLIT.value, CHECKPOINT.value, mesh)

@@ -20,7 +20,7 @@ import optax
 from model import losses
 from model.special_tokens import EOS_ID, PAD_ID
 from scripts.benchmark import synthetic_batch  # also defines --config
-from training import command_line, train_state
+from training import command_line, run_log, train_state
 
 FUSED_IMPL = flags.DEFINE_enum('fused_impl', 'cudnn', ['cudnn', 'jax'],
                                'Fused attention kernel compared with the XLA path.')
@@ -60,6 +60,8 @@ def loss_grad_norm_logits(config, dtype: str, attention_impl: str,
 
 def main(argv):
   del argv
+  # What the script prints is its output; library INFO records go only where --verbosity asks.
+  run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
   config = command_line.config_from_flags()
   batch = padded_batch(config.data.vocab_size)
   real = batch['decoder_target_weights'] > 0

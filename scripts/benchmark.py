@@ -31,7 +31,7 @@ from data import tokenizer as tokenizer_lib
 from model import flops as flops_lib
 from model import translate as translate_lib
 from scripts.timing import cpu_matmul_gflops, median_seconds
-from training import command_line, train_state
+from training import command_line, run_log, train_state
 from training.optimizer import make_optimizer
 
 command_line.define_config_flag()
@@ -197,6 +197,8 @@ def summary(report: dict) -> str:
 
 def main(argv):
   del argv
+  # What the script prints is its output; library INFO records go only where --verbosity asks.
+  run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
   config = command_line.config_from_flags()
   report = measure(
       config, vocab_size=VOCAB_SIZE.value or config.data.vocab_size, batch_size=BATCH_SIZE.value,

@@ -15,7 +15,7 @@ import numpy as np
 
 from data import datasets, pipeline
 from data import vocabularies as vocabularies_lib
-from training import command_line
+from training import command_line, run_log
 
 # Only the config's data section is used.
 command_line.define_config_flag('configs/base.py')
@@ -24,6 +24,8 @@ NUM_BATCHES = flags.DEFINE_integer('num_batches', 2000, 'Batches to time.', lowe
 
 def main(argv) -> None:
   del argv
+  # What the script prints is its output; library INFO records go only where --verbosity asks.
+  run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
   config = datasets.resolve(command_line.config_from_flags().data)
   start = time.perf_counter()
   vocabularies = vocabularies_lib.get_vocabularies(config)

@@ -36,7 +36,7 @@ from data import datasets, pipeline, vocabularies as vocabularies_lib
 from model import flops
 from model.config import DTYPES
 from scripts.timing import cpu_matmul_gflops
-from training import command_line, train_state, trainer
+from training import command_line, run_log, train_state, trainer
 from training.run_dir import METRICS_FILE
 
 # The two shapes of ../shared/peers/fairseq/bench.sh, with its learning rates and warmups.
@@ -134,6 +134,8 @@ def flops_per_target_token(config) -> float:
 
 def main(argv):
   del argv
+  # What the script prints is its output; library INFO records go only where --verbosity asks.
+  run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
   config = recipe_config(RECIPE.value, STEPS.value, LOG_EVERY.value, PACK_LENGTH.value,
                          MICROBATCH_TOKENS.value, DTYPE.value, MAX_TOKENS.value, VOCABULARY.value)
   with tempfile.TemporaryDirectory() as scratch:

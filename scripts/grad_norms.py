@@ -45,7 +45,7 @@ import numpy as np
 
 from analysis import experiment
 from model.transformer import Transformer
-from training import command_line, train_state
+from training import command_line, run_log, train_state
 
 PLACEMENTS = ('post', 'pre')
 _PROJECTIONS = ('query', 'key', 'value', 'out')
@@ -155,6 +155,8 @@ def define_flags() -> None:
 
 def main(argv) -> None:
   del argv
+  # What the script prints is its output; library INFO records go only where --verbosity asks.
+  run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
   config, out = experiment.config_and_out()
   depths = experiment.int_list('depths', flags.FLAGS.depths)
   num_pairs = flags.FLAGS.num_pairs

@@ -49,7 +49,7 @@ import numpy as np
 
 from analysis import experiment, lanczos
 from model.transformer import Transformer
-from training import command_line, train_state
+from training import command_line, run_log, train_state
 
 PLACEMENTS = ('post', 'pre')
 # Floor of the plotted density: the log scale shows the outliers Ghorbani et al. look for.
@@ -176,6 +176,8 @@ def define_flags() -> None:
 
 def main(argv) -> None:
   del argv
+  # What the script prints is its output; library INFO records go only where --verbosity asks.
+  run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
   config, out = experiment.config_and_out()
   vocab_size, batches = experiment.load_batches_or_exit(
       config.data, flags.FLAGS.split, flags.FLAGS.num_pairs, flags.FLAGS.batch_size)

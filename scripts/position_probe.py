@@ -39,7 +39,7 @@ import numpy as np
 
 from analysis import experiment
 from model import position
-from training import command_line
+from training import command_line, run_log
 
 # Positions and shifts of the numerical checks (the table is checked at every pos + k < this).
 _CHECKED_POSITIONS = 256
@@ -162,6 +162,8 @@ def define_flags() -> None:
 
 def main(argv) -> None:
   del argv
+  # What the script prints is its output; library INFO records go only where --verbosity asks.
+  run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
   config, out = experiment.config_and_out()
   run(config, out, max_distance=flags.FLAGS.max_distance)
   print(f'wrote {out} and {out.with_suffix(".png")}')

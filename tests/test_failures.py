@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from configs import base
+
 from training import command_line, run_dir, trainer
 from tests.test_eval import run_eval
 from tests.test_train import run_train_cli, smoke_config
@@ -82,3 +84,16 @@ def test_eval_input_and_output_failures_are_one_line_before_the_model_loads(tmp_
   assert (result.returncode, result.stderr.strip()) == (1, f'eval.py: {tmp_path}: Is a directory')
   result = run_eval(f'--workdir={tmp_path / "absent"}', '--split=test_2016')
   assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_help_lists_the_config_flag_and_helpconfig_every_field_with_its_comment():
+  result = run_train_cli('--help')  # absl's --help exits with status 1
+  assert '--config: Config file[:preset]' in result.stdout and '--[no]helpconfig' in result.stdout
+  result = run_train_cli('--helpconfig')  # no --config or --workdir needed
+  assert result.returncode == 0
+  config = base.get_config()
+  fields = [f'{section}.{name}' for section in config for name in config[section]]
+  listed = [line.split('=')[0].strip()[len('--config.'):] for line in result.stdout.splitlines()
+            if line.startswith('  --config.')]
+  assert listed == fields
+  assert '  --config.data.vocab_size=8000\n      Sentencepiece vocabulary size' in result.stdout

@@ -6,6 +6,7 @@ with `parse_flags` and read the checked config with `config_from_flags`; scripts
 each run's arguments with `parse_config_args`, as train.py will parse them.
 """
 
+from pathlib import Path
 import re
 import sys
 
@@ -14,13 +15,34 @@ import ml_collections
 from ml_collections import config_flags
 
 
+HELPCONFIG = '--helpconfig'
+_BASE_CONFIG = Path(__file__).resolve().parents[1] / 'configs' / 'base.py'
+
+
 def define_config_flag(default: str | None = None, *, flag_values: flags.FlagValues = flags.FLAGS,
                        sys_argv: list[str] | None = None) -> None:
-  """Defines --config; `default` is a config file path, None makes the flag required."""
-  config_flags.DEFINE_config_file('config', default, 'Config file[:preset], e.g. configs/multi30k.py:en_de.',
-                                  flag_values=flag_values, lock_config=True, sys_argv=sys_argv)
+  """Defines --config (and, on the global flags, --helpconfig, which parse_flags answers); `default`
+  is a config file path, None makes the flag required."""
+  config_flags.DEFINE_config_file(
+      'config', default, 'Config file[:preset], e.g. configs/multi30k.py:en_de; any field is '
+      f'overridden with --config.SECTION.FIELD=VALUE ({HELPCONFIG} lists them all).',
+      flag_values=flag_values, lock_config=True, sys_argv=sys_argv)
   if default is None:
     flags.mark_flag_as_required('config', flag_values=flag_values)
+  if flag_values is flags.FLAGS:
+    flags.DEFINE_bool(HELPCONFIG[2:], False, 'List every config field with its default and what '
+                      'it does (configs/base.py), then exit.')
+
+
+def config_fields_help() -> str:
+  """Every field of configs/base.py as `--config.SECTION.FIELD=DEFAULT` and its comment."""
+  lines = _BASE_CONFIG.read_text(encoding='utf-8').splitlines()
+  out = []
+  for previous, line in zip(lines, lines[1:]):
+    match = re.fullmatch(r'\s*(\w+\.\w+) = (.+)', line)
+    if match and previous.strip().startswith('#'):
+      out.append(f'  --config.{match.group(1)}={match.group(2)}\n      {previous.strip()[1:].strip()}')
+  return '\n'.join(out)
 
 
 def one_line_error(error: BaseException) -> str:
@@ -59,7 +81,12 @@ def _invalid_command_line(error: BaseException, argv: list[str]) -> str:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl parsing, with any error (missing config file, unknown override key, bad value) as one line."""
+  """absl parsing, with any error (missing config file, unknown override key, bad value) as one line.
+  --helpconfig prints the config fields and exits, whatever else is (or is not) given."""
+  if HELPCONFIG in argv:
+    print(f'Config fields (override with --config.SECTION.FIELD=VALUE; presets change some '
+          f'defaults):\n{config_fields_help()}')
+    raise SystemExit(0)
   try:
     return flags.FLAGS(argv)
   except Exception as error:  # config_flags raises AttributeError, IOError, flags.Error, ...
