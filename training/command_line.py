@@ -37,11 +37,14 @@ def define_config_flag(default: str | None = None, *, flag_values: flags.FlagVal
 def config_fields_help() -> str:
   """Every field of configs/base.py as `--config.SECTION.FIELD=DEFAULT` and its comment."""
   lines = _BASE_CONFIG.read_text(encoding='utf-8').splitlines()
+  # `evaluation = config.eval = ml_collections.ConfigDict()`: the local name of each section.
+  sections = dict(re.findall(r'^\s*(\w+) = config\.(\w+) = ', '\n'.join(lines), re.M))
   out = []
   for previous, line in zip(lines, lines[1:]):
-    match = re.fullmatch(r'\s*(\w+\.\w+) = (.+)', line)
-    if match and previous.strip().startswith('#'):
-      out.append(f'  --config.{match.group(1)}={match.group(2)}\n      {previous.strip()[1:].strip()}')
+    match = re.fullmatch(r'\s*(\w+)\.(\w+) = (.+)', line)
+    if match and match.group(1) in sections and previous.strip().startswith('#'):
+      section, name, value = sections[match.group(1)], match.group(2), match.group(3)
+      out.append(f'  --config.{section}.{name}={value}\n      {previous.strip()[1:].strip()}')
   return '\n'.join(out)
 
 
