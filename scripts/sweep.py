@@ -164,11 +164,14 @@ def train_here(runs: list[sweeps.Run], workdir: str) -> collections.Counter:
   forwarder = Forwarder()
   states = collections.Counter()
   for i, run in enumerate(runs, 1):
-    states[execute(run, os.path.join(workdir, run.name), f'[{i}/{len(runs)}] {run.name}',
-                   forwarder)] += 1
+    state = execute(run, os.path.join(workdir, run.name), f'[{i}/{len(runs)}] {run.name}', forwarder)
+    states[state] += 1
     if forwarder.received is not None:
-      print(f'sweep {workdir}: stopped by {signal.Signals(forwarder.received).name} after {i} of '
-            f'{len(runs)} runs; run the same command to resume', flush=True)
+      # The signal reached the run in training (stopped mid-way) or came as it ended.
+      where = (f'during run {i} of {len(runs)} ({run.name}, {state})' if state != 'finished'
+               else f'after run {i} of {len(runs)}')
+      print(f'sweep {workdir}: stopped by {signal.Signals(forwarder.received).name} {where}; run '
+            'the same command to resume', flush=True)
       sys.exit(128 + forwarder.received)
   return states
 

@@ -311,7 +311,7 @@ def test_a_stopped_or_killed_sweep_leaves_no_run_training_and_resumes_each_run_o
   sweep.send_signal(signal.SIGTERM)
   output, _ = sweep.communicate(timeout=120)
   assert sweep.returncode == 128 + signal.SIGTERM, output
-  assert 'stopped by SIGTERM after 1 of 1 runs' in output.strip().splitlines()[-1]
+  assert 'stopped by SIGTERM during run 1 of 1 (norm=rms, stopped)' in output.strip().splitlines()[-1]
   first_stop = child_is_gone()
   assert str(first_stop) in os.listdir(run / 'checkpoints')
 
