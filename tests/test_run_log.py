@@ -7,6 +7,7 @@ import os
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing import event_accumulator
 
 from training import run_log
 
@@ -52,12 +53,21 @@ def test_a_resumed_run_drops_the_records_after_its_checkpoint(tmp_path):
                      {'step': 10, 'eval_loss': 1.0}, {'step': 15, 'loss': 15.5}]
 
 
-def test_tensorboard_event_file(tmp_path):
+def test_tensorboard_reads_the_scalars_and_drops_those_after_a_resumed_checkpoint(tmp_path):
+  """TensorBoard's own reader (what `tensorboard --logdir` shows): a run resumed from step 10
+  replaces the step-15 value the killed invocation had written."""
   writer = run_log.MetricsWriter(str(tmp_path), is_primary=True)
-  writer.write(1, {'loss': 3.0})
+  for step in (5, 10, 15):
+    writer.write(step, {'loss': float(step)})
   writer.close()
-  events = [p for p in tmp_path.iterdir() if p.name.startswith('events.out.tfevents.')]
-  assert len(events) == 1 and events[0].stat().st_size > 0
+  writer = run_log.MetricsWriter(str(tmp_path), is_primary=True, start_step=10)
+  writer.write(15, {'loss': 15.5, 'bleu': 20.0})
+  writer.close()
+  events = event_accumulator.EventAccumulator(str(tmp_path))
+  events.Reload()
+  assert sorted(events.Tags()['scalars']) == ['bleu', 'loss']
+  assert [(event.step, event.value) for event in events.Scalars('loss')] == [
+      (5, 5.0), (10, 10.0), (15, 15.5)]
 
 
 def test_non_primary_writes_nothing(tmp_path):

@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -78,8 +79,11 @@ class MetricsWriter:
       epath.Path(workdir).mkdir(parents=True, exist_ok=True)
       self._jsonl = run_dir.path(workdir, run_dir.METRICS_FILE)
       self.previous_records = _truncate_after(self._jsonl, start_step)
-      # TensorBoard hides this file's and earlier files' events from purge_step on.
-      self._tensorboard = SummaryWriter(logdir=os.fspath(workdir), purge_step=start_step + 1)
+      # TensorBoard hides this file's and earlier files' events from purge_step on. The file name
+      # holds the second it was opened; the suffix keeps a resume within the same second from
+      # overwriting the earlier file, and sorts after it as TensorBoard reads them.
+      self._tensorboard = SummaryWriter(logdir=os.fspath(workdir), purge_step=start_step + 1,
+                                        filename_suffix=f'.{time.time_ns()}')
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
     """Records scalar `metrics` at `step`, flushed so a crash loses nothing.
