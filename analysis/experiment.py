@@ -50,14 +50,15 @@ def config_and_out() -> tuple[ml_collections.ConfigDict, Path]:
   return config, out
 
 
-def int_list(flag_name: str, values: list[str]) -> list[int]:
-  """A comma-separated list flag as positive integers, or a one-line error naming the flag."""
+def int_list(flag_name: str, values: list[str], minimum: int = 1) -> list[int]:
+  """A comma-separated list flag as integers >= `minimum`, or a one-line error naming the flag."""
   try:
     numbers = [int(value) for value in values]
   except ValueError:
     numbers = []
-  if not numbers or min(numbers) < 1:
-    raise SystemExit(f'invalid command line: --{flag_name}={",".join(values)} must be positive integers')
+  if not numbers or min(numbers) < minimum:
+    raise SystemExit(f'invalid command line: --{flag_name}={",".join(values)} must be integers '
+                     f'>= {minimum}')
   return numbers
 
 

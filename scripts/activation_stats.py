@@ -22,9 +22,11 @@ from --config; layer counts, config.model.norm_position and config.model.residua
 
 The JSON holds `settings`, the resolved `config`, and for each placement 'post', 'pre', 'none'
 and each of 'residual', 'no_residual':
-  'encoder', 'decoder'     [L+1] stream variance after the embedding and after each layer;
+  'encoder', 'decoder'     [L+1] stream variance after the embedding and after each layer (mean
+                           over the seeds); '<stack>_per_seed' [num_seeds][L+1] each seed's;
   '<stack>_growth_per_layer'  (var_L / var_0)^(1/L), the fitted per-layer factor
-                              ((1 + a)^2 for the encoder's two sublayers, (1 + a)^3 for the decoder's).
+                              ((1 + a)^2 for the encoder's two sublayers, (1 + a)^3 for the decoder's),
+                              and '<stack>_growth_per_layer_std' its standard deviation over seeds.
 """
 
 import contextlib
@@ -109,23 +111,31 @@ def measure(config: ml_collections.ConfigDict, vocab_size: int, batch: dict, *, 
           for seed in seeds]
       variant = {}
       for stack in STACKS:
-        variances = np.mean([v[stack] for v in per_seed], axis=0)  # [L+1]
+        seeds_variances = np.array([v[stack] for v in per_seed], np.float64)  # [seeds, L+1]
+        variances = seeds_variances.mean(0)
         variant[stack] = variances.tolist()
+        variant[f'{stack}_per_seed'] = seeds_variances.tolist()
         variant[f'{stack}_growth_per_layer'] = float((variances[-1] / variances[0]) ** (1 / num_layers))
+        growths = (seeds_variances[:, -1] / seeds_variances[:, 0]) ** (1 / num_layers)
+        variant[f'{stack}_growth_per_layer_std'] = float(growths.std(ddof=1)) if len(seeds) > 1 else 0.0
       results[placement][residual_name] = variant
   return results
 
 
 def plot(results: dict) -> Figure:
-  """Stream variance per layer, log scale: one panel per stack, one line per variant."""
+  """Stream variance per layer, log scale: one panel per stack, one line per variant (the seeds'
+  mean), shaded over the seeds' range."""
   figure = Figure(figsize=(11, 4))
   colors = {'post': 'tab:red', 'pre': 'tab:blue', 'none': 'tab:green'}
   for axes, stack in zip(figure.subplots(1, 2), STACKS):
     for placement in PLACEMENTS:
       for residual_name, style in (('residual', '-'), ('no_residual', ':')):
         variances = results[placement][residual_name][stack]
+        per_seed = np.array(results[placement][residual_name][f'{stack}_per_seed'])  # [seeds, L+1]
         axes.plot(range(len(variances)), variances, style, marker='o', color=colors[placement],
                   label=f'norm {placement}, {residual_name.replace("_", " ")}')
+        axes.fill_between(range(len(variances)), per_seed.min(0), per_seed.max(0),
+                          color=colors[placement], alpha=0.2)
     axes.set(title=f'{stack} residual stream variance at initialisation', xlabel='layer (0: embeddings)',
              ylabel='variance', yscale='log')
     axes.legend(fontsize='small')

@@ -104,7 +104,8 @@ def measure(config: ml_collections.ConfigDict, vocab_size: int, batch: dict, *, 
 
 
 def plot(results: dict) -> Figure:
-  """W1 and W2 per layer (encoder solid, decoder dashed), and the depth sweep; log scale."""
+  """W1 and W2 per layer (encoder solid, decoder dashed), and the depth sweep; log scale. Lines are
+  the seeds' mean, shaded bands their range (min to max)."""
   figure = Figure(figsize=(15, 4))
   w1_axes, w2_axes, depth_axes = figure.subplots(1, 3)
   colors = {'post': 'tab:red', 'pre': 'tab:blue'}
@@ -112,11 +113,19 @@ def plot(results: dict) -> Figure:
     for axes, matrix in ((w1_axes, 'ffn_w1'), (w2_axes, 'ffn_w2')):
       for stack, style in (('encoder', '-'), ('decoder', '--')):
         norms = results[placement][f'{stack}_{matrix}']
-        axes.plot(range(1, len(norms) + 1), norms, style, marker='o', color=colors[placement],
+        per_seed = np.array(results[placement][f'{stack}_{matrix}_per_seed'])  # [seeds, L]
+        layers = range(1, len(norms) + 1)
+        axes.plot(layers, norms, style, marker='o', color=colors[placement],
                   label=f'{placement}-LN {stack}')
+        axes.fill_between(layers, per_seed.min(0), per_seed.max(0), color=colors[placement],
+                          alpha=0.2)
     sweep = results[placement]['depth_sweep']
-    depth_axes.plot([int(d) for d in sweep], list(sweep.values()), marker='o', color=colors[placement],
+    depths = [int(d) for d in sweep]
+    per_seed = np.array(list(results[placement]['depth_sweep_per_seed'].values()))  # [depths, seeds]
+    depth_axes.plot(depths, list(sweep.values()), marker='o', color=colors[placement],
                     label=f'{placement}-LN')
+    depth_axes.fill_between(depths, per_seed.min(1), per_seed.max(1), color=colors[placement],
+                            alpha=0.2)
   for axes, title in ((w1_axes, 'FFN W1 gradient norm'), (w2_axes, 'FFN W2 gradient norm')):
     axes.set(title=title, xlabel='layer', yscale='log')
   depth_axes.set(title='last decoder layer W2 gradient norm', xlabel='layers (encoder = decoder)',

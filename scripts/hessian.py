@@ -14,8 +14,8 @@ batches of --batch_size pairs. analysis/lanczos.py runs
 --lanczos_iterations steps from each of --num_probes random vectors (the same ones for both
 placements) for the largest eigenvalues and the stochastic Lanczos quadrature density. Width,
 norm, initialiser (config.model.kernel_init, Xavier by default) and positions come from
---config; the layer counts and config.model.norm_position are set here; the parameters are those
-of --seed.
+--config; the layer counts and config.model.norm_position are set here; each of --seeds gives its
+own initialisation and probes, so the spread over seeds is that of both.
 
   python -m scripts.hessian --config=configs/multi30k.py:de_en_small --out=runs/analyses/hessian.json
 
@@ -25,7 +25,9 @@ over 1000, so the defaults (1000 pairs, 40 steps, 80 products) take 1.5-2.2 hour
 --num_pairs=250 --batch_size=125 --lanczos_iterations=20 took 17 minutes (docs/results.md,
 section 6).
 
-The JSON holds `settings`, the resolved `config`, and for 'post' and 'pre':
+The JSON holds `settings`, the resolved `config`, and for 'post' and 'pre': 'top_eigenvalues'
+and 'top_eigenvalues_std' (mean and standard deviation over seeds), 'loss' (mean), and
+'per_seed', one entry per seed with:
   'loss'                 the training loss at initialisation;
   'num_parameters'       P, the Hessian's size;
   'top_eigenvalues'      [--num_top] largest eigenvalue estimates, descending;
@@ -107,32 +109,48 @@ def spectrum(model: Transformer, variables: dict, batches: list[dict], label_smo
 
 
 def measure(config: ml_collections.ConfigDict, vocab_size: int, batches: list[dict], *,
-            num_layers: int, seed: int, num_iterations: int, num_probes: int, num_top: int) -> dict:
-  """`spectrum` for Post-LN and Pre-LN models of `num_layers` + `num_layers` layers."""
+            num_layers: int, seeds: list[int], num_iterations: int, num_probes: int,
+            num_top: int) -> dict:
+  """`spectrum` for Post-LN and Pre-LN models of `num_layers` + `num_layers` layers, per seed (the
+  initialisation's and the probes'), with the top eigenvalues' mean and spread over seeds."""
   results = {}
   for placement in PLACEMENTS:
     model = train_state.build_model(experiment.with_model(
         config, norm_position=placement, num_encoder_layers=num_layers, num_decoder_layers=num_layers),
         vocab_size)
-    results[placement] = spectrum(model, experiment.init_variables(model, seed), batches,
-                                  config.train.label_smoothing, num_iterations=num_iterations,
-                                  num_probes=num_probes, num_top=num_top, probe_seed=seed)
+    per_seed = [spectrum(model, experiment.init_variables(model, seed), batches,
+                         config.train.label_smoothing, num_iterations=num_iterations,
+                         num_probes=num_probes, num_top=num_top, probe_seed=seed)
+                for seed in seeds]
+    top = np.array([spectrum_results['top_eigenvalues'] for spectrum_results in per_seed])
+    results[placement] = {
+        'per_seed': per_seed,
+        'top_eigenvalues': top.mean(0).tolist(),
+        'top_eigenvalues_std': (top.std(0, ddof=1) if len(seeds) > 1 else 0 * top[0]).tolist(),
+        'loss': float(np.mean([spectrum_results['loss'] for spectrum_results in per_seed])),
+    }
   return results
 
 
 def plot(results: dict) -> Figure:
-  """Densities on a log scale, and the top eigenvalues, per placement."""
+  """Densities on a log scale, one line per seed, and the top eigenvalues (the seeds' mean, shaded
+  over their range), per placement."""
   figure = Figure(figsize=(11, 4))
   density_axes, top_axes = figure.subplots(1, 2)
   colors = {'post': 'tab:red', 'pre': 'tab:blue'}
   for placement in PLACEMENTS:
-    spectrum_results = results[placement]
-    density_axes.plot(spectrum_results['density_grid'],
-                      np.maximum(spectrum_results['density'], _DENSITY_FLOOR),
-                      color=colors[placement], label=f'{placement}-LN')
-    top = spectrum_results['top_eigenvalues']
-    top_axes.plot(range(1, len(top) + 1), top, marker='o', color=colors[placement],
-                  label=f'{placement}-LN')
+    for number, spectrum_results in enumerate(results[placement]['per_seed']):
+      density_axes.plot(spectrum_results['density_grid'],
+                        np.maximum(spectrum_results['density'], _DENSITY_FLOOR),
+                        color=colors[placement], alpha=0.7,
+                        label=f'{placement}-LN' if number == 0 else None)
+    top = results[placement]['top_eigenvalues']
+    per_seed = np.array([spectrum_results['top_eigenvalues']
+                         for spectrum_results in results[placement]['per_seed']])  # [seeds, top]
+    ranks = range(1, len(top) + 1)
+    top_axes.plot(ranks, top, marker='o', color=colors[placement], label=f'{placement}-LN')
+    top_axes.fill_between(ranks, per_seed.min(0), per_seed.max(0), color=colors[placement],
+                          alpha=0.2)
   density_axes.set(title='Hessian eigenvalue density at initialisation (SLQ)', xlabel='eigenvalue',
                    ylabel='density', yscale='log')
   top_axes.set(title='largest Hessian eigenvalues', xlabel='rank', ylabel='eigenvalue')
@@ -142,17 +160,17 @@ def plot(results: dict) -> Figure:
 
 
 def run(config: ml_collections.ConfigDict, out: Path, vocab_size: int, batches: list[dict], *,
-        num_layers: int, seed: int, num_iterations: int, num_probes: int, num_top: int,
+        num_layers: int, seeds: list[int], num_iterations: int, num_probes: int, num_top: int,
         split: str) -> dict:
   """Measures on `batches` (pairs of `split`), writes `out` and its PNG; returns the results."""
   results = {
-      'settings': {'num_layers': num_layers, 'seed': seed, 'split': split,
+      'settings': {'num_layers': num_layers, 'seeds': seeds, 'split': split,
                    'num_pairs': sum(len(b['encoder_input_tokens']) for b in batches),
                    'target_tokens': float(sum(b['decoder_target_weights'].sum() for b in batches)),
                    'lanczos_iterations': num_iterations, 'num_probes': num_probes,
                    'kernel_init': config.model.kernel_init, 'dropout': 'off (train=False)'},
       'config': experiment.resolved(config),
-      **measure(config, vocab_size, batches, num_layers=num_layers, seed=seed,
+      **measure(config, vocab_size, batches, num_layers=num_layers, seeds=seeds,
                 num_iterations=num_iterations, num_probes=num_probes, num_top=num_top),
   }
   experiment.write(out, results, plot(results))
@@ -171,7 +189,8 @@ def define_flags() -> None:
                        lower_bound=1)
   flags.DEFINE_integer('num_probes', 1, 'Random starting vectors of the quadrature.', lower_bound=1)
   flags.DEFINE_integer('num_top', 10, 'Largest eigenvalues reported.', lower_bound=1)
-  flags.DEFINE_integer('seed', 0, 'Seed of the initialisation and of the probes.')
+  flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds of the initialisation and of the probes, each '
+                    'measured on its own.')
 
 
 def main(argv) -> None:
@@ -181,7 +200,8 @@ def main(argv) -> None:
   config, out = experiment.config_and_out()
   vocab_size, batches = experiment.load_batches_or_exit(
       config.data, flags.FLAGS.split, flags.FLAGS.num_pairs, flags.FLAGS.batch_size)
-  run(config, out, vocab_size, batches, num_layers=flags.FLAGS.num_layers, seed=flags.FLAGS.seed,
+  run(config, out, vocab_size, batches, num_layers=flags.FLAGS.num_layers,
+      seeds=experiment.int_list('seeds', flags.FLAGS.seeds, minimum=0),
       num_iterations=flags.FLAGS.lanczos_iterations, num_probes=flags.FLAGS.num_probes,
       num_top=flags.FLAGS.num_top, split=flags.FLAGS.split)
   print(f'wrote {out} and {out.with_suffix(".png")}')
