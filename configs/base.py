@@ -154,6 +154,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Padded tokens per slice a step's forward and backward pass is computed in (0: the whole batch;
   # None: 512 on a CPU, whose cache they then fit, and 0 on accelerators or with BatchNorm).
   train.microbatch_tokens = ml_collections.config_dict.placeholder(int)
+  # Optimizer steps per dispatch: a lax.scan over this many consecutive batches of one shape (fewer host round trips on an accelerator); results equal one step per dispatch.
+  train.steps_per_call = 1
   # On SIGTERM/SIGINT, save a checkpoint if at least this many steps ran since the last one (0: never).
   train.save_on_stop_after = 1
   # Diverged when a logged window's mean training loss exceeds this (0 disables); NaN/inf always stop.

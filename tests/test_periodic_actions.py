@@ -55,10 +55,10 @@ def test_an_epoch_is_recorded_only_when_this_invocation_trained_all_of_it():
   epochs = actions.EpochClock(records, steps_per_epoch=4)
   # Resumed at step 2, inside epoch 0: epoch 0 is not recorded, epoch 1 is.
   progress = actions.Progress(step=2, total_steps=12)
-  for epoch in (0, 0, 1, 1, 1, 1, 2):
-    epochs.before_step(progress, epoch)
-    progress.step += 1
-    progress.steps_this_run += 1
+  for group in ((0, 0), (1, 1, 1), (1,), (2,)):  # groups of steps dispatched at once
+    epochs.before_steps(progress, list(group))
+    progress.step += len(group)
+    progress.steps_this_run += len(group)
   assert [(step, record['epoch_finished']) for step, record in records.records] == [(8, 1)]
   assert records.records[0][1]['epoch_seconds'] >= 0
 

@@ -11,7 +11,7 @@ from training.optimizer import make_optimizer
 
 
 _POSITIVE_INTS = {
-    'train': ('log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints'),
+    'train': ('log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints', 'steps_per_call'),
     'data': ('vocab_size', 'max_length', 'max_tokens', 'eval_batch_size'),
     'eval': ('beam_size',),
 }

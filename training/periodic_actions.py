@@ -131,14 +131,14 @@ class MetricsReport:
                window: MetricsWindow, clock: Clock, compile_seconds: dict, schedule, eta: Eta,
                status):
     """`status(step)` writes status.json's step (process 0; a no-op elsewhere)."""
-    self._log_every, self._writer, self._console = log_every, writer, console
+    self.every, self._writer, self._console = log_every, writer, console
     self._loss_watch, self._window, self._clock = loss_watch, window, clock
     self._compile_seconds, self._schedule, self._eta = compile_seconds, schedule, eta
     self._status = status
 
   def __call__(self, progress: Progress) -> None:
     step = progress.step
-    if step % self._log_every and not progress.at_end:
+    if step % self.every and not progress.at_end:
       if self._console:
         self._console.step(step)
       return
@@ -177,13 +177,13 @@ class Validation:
 
   def __init__(self, *, every: int, evaluator: Evaluator, writer: run_log.MetricsWriter, say,
                earlier_records: list[dict]):
-    self._every, self._evaluator, self._writer, self._say = every, evaluator, writer, say
+    self.every, self._evaluator, self._writer, self._say = every, evaluator, writer, say
     earlier = [record for record in earlier_records if 'eval_loss' in record]
     self._best = {'eval_loss': min((record['eval_loss'] for record in earlier), default=math.inf),
                   'bleu': max((record['bleu'] for record in earlier), default=-math.inf)}
 
   def due(self, progress: Progress, also_at: int | None = None) -> bool:
-    return progress.step % self._every == 0 or progress.at_end or progress.step == also_at
+    return progress.step % self.every == 0 or progress.at_end or progress.step == also_at
 
   def __call__(self, progress: Progress, state: train_state.TrainState,
                window: MetricsWindow) -> ValidationResult:
@@ -237,12 +237,12 @@ class Checkpointing:
 
   def __init__(self, *, every: int, save_on_stop_after: int, checkpointer: Checkpointer,
                train_iter, clock: Clock, last_saved: int):
-    self._every, self._save_on_stop_after = every, save_on_stop_after
+    self.every, self._save_on_stop_after = every, save_on_stop_after
     self._checkpointer, self._train_iter, self._clock = checkpointer, train_iter, clock
     self.last_saved = last_saved
 
   def due(self, progress: Progress, also_at: int | None = None) -> bool:
-    return progress.step % self._every == 0 or progress.at_end or progress.step == also_at
+    return progress.step % self.every == 0 or progress.at_end or progress.step == also_at
 
   def save(self, progress: Progress, state: train_state.TrainState, sums: dict,
            window_seconds: float, metrics: dict | None = None, force: bool = False) -> float:
@@ -276,19 +276,24 @@ class EpochClock:
     self._writer, self._steps_per_epoch = writer, steps_per_epoch
     self._start: float | None = None  # None: this invocation began inside the epoch
 
-  def before_step(self, progress: Progress, batch_epoch: int) -> None:
-    """Called with the epoch of the batch about to be trained."""
-    if batch_epoch != progress.epoch or progress.steps_this_run == 0:
-      self.finish(progress)
-      self._start = time.perf_counter() if progress.step % self._steps_per_epoch == 0 else None
-    progress.epoch = batch_epoch
+  def before_steps(self, progress: Progress, batch_epochs: list[int]) -> None:
+    """Called with the epoch of each batch about to be trained (one call's group), in order."""
+    for offset, batch_epoch in enumerate(batch_epochs):
+      step = progress.step + offset
+      if batch_epoch != progress.epoch or progress.steps_this_run + offset == 0:
+        self._finish(step, progress.epoch)
+        self._start = time.perf_counter() if step % self._steps_per_epoch == 0 else None
+      progress.epoch = batch_epoch
 
   def finish(self, progress: Progress) -> None:
     """Records the epoch just finished, if this invocation saw all of it."""
+    self._finish(progress.step, progress.epoch)
+
+  def _finish(self, step: int, epoch: int) -> None:
     if self._start is not None:
       seconds = time.perf_counter() - self._start
-      self._writer.write(progress.step, {'epoch_finished': progress.epoch, 'epoch_seconds': seconds})
-      logging.info('epoch %d finished at step %d in %.1f s', progress.epoch, progress.step, seconds)
+      self._writer.write(step, {'epoch_finished': epoch, 'epoch_seconds': seconds})
+      logging.info('epoch %d finished at step %d in %.1f s', epoch, step, seconds)
 
 
 class CompileClock:

@@ -1,4 +1,5 @@
-"""The compiled training step as the loop calls it: one dispatch per batch, compiled per batch shape.
+"""The compiled training step as the loop calls it: one dispatch per batch, or per group of
+`train.steps_per_call` batches of one shape (a lax.scan of the same step), compiled per shape.
 
 The run's length (`optimizer.RunLength`) and the seed's dropout key are arguments of the compiled
 step, not constants inside it: a budgeted run's plans, and runs that differ only in seed or
@@ -12,7 +13,9 @@ import time
 from absl import logging
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 import ml_collections
+import numpy as np
 
 from model.transformer import Transformer
 from training import partitioning, train_state
@@ -85,30 +88,56 @@ class TrainStep:
       # the loop waits on it to stay at most one step ahead of the device.
       return state, train_state.accumulate_metrics(window, metrics, state.step), state.step + 0
 
+    def steps_and_accumulate(state, window, batches, dropout_key, length):
+      """step_and_accumulate over batches stacked on a leading axis [K, B, ...], in order."""
+      def body(carry, batch):
+        state, window, _ = step_and_accumulate(*carry, batch, dropout_key, length)
+        return (state, window), None
+
+      (state, window), _ = jax.lax.scan(body, (state, window), batches)
+      return state, window, state.step + 0
+
     self._jitted = jax.jit(
         step_and_accumulate,
         in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh), replicated,
                       replicated),
         out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
+    self._jitted_group = jax.jit(
+        steps_and_accumulate,
+        in_shardings=(replicated, replicated, NamedSharding(mesh, PartitionSpec(None, partitioning.DATA_AXIS)),
+                      replicated, replicated),
+        out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
+    self.steps_per_call = config.train.steps_per_call
     # Jitted, so every sum is its own buffer (the step donates them).
     self.new_window = jax.jit(train_state.empty_metrics_window, out_shardings=replicated)
-    self.compile_seconds: dict[tuple, float] = {}  # per padded batch shape [B, T, S]
+    # Per padded batch shape [B, T, S], and [K, B, T, S] for a group of K steps.
+    self.compile_seconds: dict[tuple, float] = {}
     self._previous_step_done = None
 
-  def __call__(self, state: train_state.TrainState, window: dict, local_batch: dict,
+  def __call__(self, state: train_state.TrainState, window: dict, local_batches: list[dict],
                length: RunLength) -> tuple[train_state.TrainState, dict]:
-    """Dispatches one step on this process's rows of a batch; returns the new state and window."""
-    shape = (tuple(local_batch['decoder_input_tokens'].shape)
-             + local_batch['encoder_input_tokens'].shape[1:])
+    """Trains this process's rows of `local_batches` (BatchGroups' group: steps_per_call batches
+    of one shape in one dispatch, or fewer one by one); returns the new state and window."""
+    if len(local_batches) == self.steps_per_call > 1:
+      stacked = {name: np.stack([batch[name] for batch in local_batches])
+                 for name in local_batches[0]}
+      return self._dispatch(self._jitted_group, state, window,
+                            partitioning.global_batch(stacked, self._mesh, stacked=True),
+                            (len(local_batches), *_shape(local_batches[0])), length)
+    for local_batch in local_batches:
+      state, window = self._dispatch(self._jitted, state, window,
+                                     partitioning.global_batch(local_batch, self._mesh),
+                                     _shape(local_batch), length)
+    return state, window
+
+  def _dispatch(self, jitted, state, window, batch, shape: tuple, length):
     new_shape = shape not in self.compile_seconds
     if new_shape:
       # The call below compiles before dispatching. Steps already queued would run during the
       # compilation and be counted out of the throughput with it: let them finish first.
       jax.block_until_ready(window)
     dispatch_start = time.perf_counter()
-    state, window, step_done = self._jitted(
-        state, window, partitioning.global_batch(local_batch, self._mesh), self._dropout_key,
-        length)
+    state, window, step_done = jitted(state, window, batch, self._dropout_key, length)
     if new_shape:
       seconds = time.perf_counter() - dispatch_start
       self.compile_seconds[shape] = seconds
@@ -119,3 +148,45 @@ class TrainStep:
       jax.block_until_ready(self._previous_step_done)
     self._previous_step_done = step_done
     return state, window
+
+
+def _shape(local_batch: dict) -> tuple[int, ...]:
+  """[B, T, S]: rows, target and source length of a padded batch."""
+  return (tuple(local_batch['decoder_input_tokens'].shape)
+          + local_batch['encoder_input_tokens'].shape[1:])
+
+
+class BatchGroups:
+  """The training batches as the loop takes them: up to `steps_per_call` consecutive batches of
+  one shape at a time, in the iterator's order.
+
+  A batch of another shape waits for the next group. `get_state` is the iterator's position
+  before that waiting batch, so a checkpoint saved after a group resumes at the next batch to
+  train. With steps_per_call 1 it is the iterator itself, a batch at a time.
+  """
+
+  def __init__(self, iterator, steps_per_call: int):
+    self._iterator, self._steps_per_call = iterator, steps_per_call
+    self._waiting, self._waiting_from = None, None
+
+  def take(self, at_most: int) -> list[dict]:
+    """The next group: min(steps_per_call, at_most) batches, or fewer where the shape changes."""
+    if self._steps_per_call == 1:
+      return [next(self._iterator)]
+    group = []
+    while len(group) < min(self._steps_per_call, at_most):
+      if self._waiting is None:
+        self._waiting_from = self._iterator.get_state()
+        self._waiting = next(self._iterator)
+      if group and _shape(self._waiting) != _shape(group[0]):
+        break
+      group.append(self._waiting)
+      self._waiting = None
+    return group
+
+  def get_state(self) -> dict:
+    return self._iterator.get_state() if self._waiting is None else self._waiting_from
+
+  def set_state(self, state: dict) -> None:
+    self._iterator.set_state(state)
+    self._waiting = None

@@ -28,7 +28,7 @@ from training import (config_checks, partitioning, periodic_actions as actions, 
                       stop_signals, time_budget, train_state)
 from training.checkpointing import Checkpointer
 from training.optimizer import RunLength, make_optimizer
-from training.stepping import RunSteps, Schedule, TrainStep
+from training.stepping import BatchGroups, RunSteps, Schedule, TrainStep
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -83,6 +83,7 @@ class _Run:
   console: run_log.Console | None
   say: Callable[[str], None]  # prints one console line on process 0
   train_iter: pipeline.TrainIterator
+  batches: BatchGroups
   state: train_state.TrainState
   checkpointer: Checkpointer
   writer: run_log.MetricsWriter
@@ -108,11 +109,11 @@ def _train(run: _Run, stop_after_steps: int | None) -> train_state.TrainState:
   signals.install()
   try:
     while progress.step < progress.total_steps:
-      batch = next(run.train_iter)
-      run.epochs.before_step(progress, int(batch.pop('epoch')))
-      state, run.window.sums = run.train_step(state, run.window.sums, batch, run.schedule.argument)
-      progress.step += 1
-      progress.steps_this_run += 1
+      batches = run.batches.take(_steps_before_a_pause(run, stop_after_steps))
+      run.epochs.before_steps(progress, [int(batch.pop('epoch')) for batch in batches])
+      state, run.window.sums = run.train_step(state, run.window.sums, batches, run.schedule.argument)
+      progress.step += len(batches)
+      progress.steps_this_run += len(batches)
       run.budget.ends_early(progress, run.clock, run.schedule)
       run.report(progress)
       run.budget.after_report(progress.step, run.clock.paused)
@@ -150,6 +151,20 @@ def _train(run: _Run, stop_after_steps: int | None) -> train_state.TrainState:
           + (f' (time budget {minutes} min)' if minutes else '') + f'; run folder {run.workdir}'
           + (f', best checkpoint step {best_step}' if best_step is not None else ''))
   return state
+
+
+def _steps_before_a_pause(run: _Run, stop_after_steps: int | None) -> int:
+  """Steps to the next one after which the loop must act (a record, validation, checkpoint, time
+  budget plan, the run's end), so that a group of steps in one dispatch never passes it."""
+  progress = run.progress
+  steps = progress.total_steps - progress.step
+  for every in (run.report.every, run.validation.every, run.checkpointing.every):
+    steps = min(steps, every - progress.step % every)
+  if run.budget.plan_at and run.budget.plan_at > progress.step:
+    steps = min(steps, run.budget.plan_at - progress.step)
+  if stop_after_steps is not None:
+    steps = min(steps, stop_after_steps - progress.steps_this_run)
+  return steps
 
 
 def _validate_and_save(run: _Run, state: train_state.TrainState) -> None:
@@ -224,6 +239,7 @@ def _set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir:
   train_iter = pipeline.make_train_iterator(
       data, vocabularies, seed=config.train.seed, process_index=jax.process_index(),
       process_count=jax.process_count(), batch_multiple=jax.local_device_count())
+  batches = BatchGroups(train_iter, config.train.steps_per_call)
   steps = RunSteps.of(config.train, train_iter.batches_per_epoch)
   max_steps = steps.max_steps
   model = train_state.build_model(config, vocabularies.source.vocab_size,
@@ -234,7 +250,7 @@ def _set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir:
   state = train_state.create_train_state(model, tx, config.train.seed, mesh)
   checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
                               save_every=config.train.checkpoint_every)
-  latest, state, resumed = _restore(checkpointer, state, train_iter, say, is_primary)
+  latest, state, resumed = _restore(checkpointer, state, batches, say, is_primary)
   step = int(state.step)
   writer = run_log.MetricsWriter(workdir, is_primary=is_primary, start_step=step)
 
@@ -278,7 +294,7 @@ def _set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir:
                     checkpoint_every=config.train.checkpoint_every)
   return _Run(
       config=config, workdir=workdir, is_primary=is_primary, console=console, say=say,
-      train_iter=train_iter, state=state, checkpointer=checkpointer, writer=writer,
+      train_iter=train_iter, batches=batches, state=state, checkpointer=checkpointer, writer=writer,
       progress=progress, clock=clock, window=window, schedule=schedule, train_step=train_step,
       budget=budget, eta=eta,
       report=actions.MetricsReport(
@@ -291,11 +307,11 @@ def _set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir:
                                     earlier_records=writer.previous_records),
       checkpointing=actions.Checkpointing(
           every=config.train.checkpoint_every, save_on_stop_after=config.train.save_on_stop_after,
-          checkpointer=checkpointer, train_iter=train_iter, clock=clock, last_saved=latest or 0),
+          checkpointer=checkpointer, train_iter=batches, clock=clock, last_saved=latest or 0),
       epochs=actions.EpochClock(writer, steps.steps_per_epoch))
 
 
-def _restore(checkpointer: Checkpointer, state: train_state.TrainState, train_iter, say,
+def _restore(checkpointer: Checkpointer, state: train_state.TrainState, batches: BatchGroups, say,
              is_primary: bool) -> tuple[int | None, train_state.TrainState, dict]:
   """Restores the newest intact checkpoint, if any, and the data position saved with it.
 
@@ -307,7 +323,7 @@ def _restore(checkpointer: Checkpointer, state: train_state.TrainState, train_it
   latest, state, extra = checkpointer.restore_newest_intact(
       state, on_damaged=lambda error: say(f'{error}; trying the next older checkpoint'))
   extra = actions.upgrade_resume_data(extra)
-  train_iter.set_state(extra['data_iterator'])
+  batches.set_state(extra['data_iterator'])
   logging.info('resumed from step %d', latest)
   for damaged in [step for step in checkpointer.all_steps() if step > latest]:
     aside = checkpointer.set_aside(damaged) if is_primary else None
