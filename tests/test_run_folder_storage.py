@@ -61,7 +61,7 @@ def bucket(tmp_path, monkeypatch):
 class FakeSummaryWriter:
   """tensorboardX's writer, whose gs:// support needs the cloud SDK: records the folder only."""
 
-  def __init__(self, logdir, purge_step):
+  def __init__(self, logdir, purge_step, filename_suffix=""):
     self.logdir, self.purge_step = logdir, purge_step
 
   def add_scalar(self, *args, **kwargs):
