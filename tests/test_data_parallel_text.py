@@ -92,3 +92,5 @@ def test_own_corpora_need_their_folder_and_two_language_codes(tmp_path):
     datasets.resolve(data_fixtures.data_config(dataset='parallel_text'))
   with pytest.raises(ValueError, match="'e n' is not a language code"):
     _spec(tmp_path, tmp_path / 'cache', source='e n')
+  with pytest.raises(ValueError, match="source_lang and target_lang are both 'en'"):
+    _spec(tmp_path, tmp_path / 'cache', source='en', target='en')

@@ -78,8 +78,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if not _is_int(words) or words < 0:
     raise ValueError(f'config.data.train_max_source_words={words!r} must be 0 (no limit) or a '
                      'positive number of words')
-  if config.data.source_lang == config.data.target_lang:
-    raise ValueError(f'config.data.source_lang and target_lang are both {config.data.source_lang!r}')
   vocabularies.check_vocabulary(config.data)
   if config.data.vocabulary == 'separate' and config.model.share_embeddings:
     raise ValueError("config.data.vocabulary='separate' gives each language its own token ids, so "
