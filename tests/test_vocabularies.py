@@ -14,6 +14,7 @@ from data import tokenizer as tokenizer_lib
 from data import vocabularies as vocabularies_lib
 from analysis import experiment
 from training import config_checks, partitioning, run_dir, trainer
+from evaluation.line_translator import LineTranslator
 from evaluation import trained_model
 from tests import data_fixtures
 from tests.data_fixtures import multi30k_config  # pylint: disable=unused-import
@@ -174,5 +175,5 @@ def test_a_run_with_separate_vocabularies_trains_and_eval_reads_sources_with_the
               'max_length_a': 2, 'max_length_b': 0.5}
   sources = datasets.load_split_text(run.data, 'test_mscoco_2017').source
   from_split, _ = eval_lib.translate_split(run, 'test_mscoco_2017', settings, 32, mesh)
-  from_lines = eval_lib.translate_lines(run, sources[:16], settings, 16, 1, mesh)
+  from_lines = LineTranslator(run, settings, 16, 1, mesh)(sources[:16])
   assert [hypotheses[0][1] for hypotheses in from_lines] == from_split[:16]
