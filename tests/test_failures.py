@@ -84,6 +84,9 @@ def test_eval_input_and_output_failures_are_one_line_before_the_model_loads(tmp_
   assert (result.returncode, result.stderr.strip()) == (1, f'eval.py: {tmp_path}: Is a directory')
   result = run_eval(f'--workdir={tmp_path / "absent"}', '--split=test_2016')
   assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
+  if (UNWRITABLE / 'kernel').is_dir():  # a report folder that cannot be made
+    result = run_eval(f'--workdir={workdir}', '--split=test_2016', f'--out_dir={UNWRITABLE / "eval"}')
+    assert (result.returncode, result.stderr.strip()) == (1, 'eval.py: /sys/eval: Operation not permitted')
 
 
 def test_help_lists_the_config_flag_and_helpconfig_every_field_with_its_comment():
