@@ -61,6 +61,8 @@ PACK_LENGTH = flags.DEFINE_integer('pack_length', None, 'config.data.pack_length
                                    ':de_en preset\'s).')
 MAX_TOKENS = flags.DEFINE_integer('max_tokens', None, 'config.data.max_tokens: padded tokens per '
                                   'batch and side (default: the :de_en preset\'s).', lower_bound=1)
+STEPS_PER_CALL = flags.DEFINE_integer('steps_per_call', 1, 'config.train.steps_per_call: optimizer '
+                                      'steps per dispatch.', lower_bound=1)
 MICROBATCH_TOKENS = flags.DEFINE_integer('microbatch_tokens', None, 'config.train.microbatch_tokens: '
                                          'compute each step in slices of this many tokens (0: the '
                                          'whole batch; default: by platform, 512 on a CPU).')
@@ -72,7 +74,7 @@ VOCABULARY = flags.DEFINE_enum('vocabulary', 'joint', list(vocabularies_lib.VOCA
 
 def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int | None = None,
                   microbatch_tokens: int | None = None, dtype: str = 'float32',
-                  max_tokens: int | None = None, vocabulary: str = 'joint'):
+                  max_tokens: int | None = None, vocabulary: str = 'joint', steps_per_call: int = 1):
   """The :de_en preset (its data and batching) with the recipe's model and optimizer; None keeps
   the preset's pack_length and max_tokens."""
   config = multi30k.get_config('de_en')
@@ -84,6 +86,7 @@ def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int | No
   if max_tokens is not None:
     config.data.max_tokens = max_tokens
   config.train.microbatch_tokens = microbatch_tokens
+  config.train.steps_per_call = steps_per_call
   for section, fields in RECIPES[recipe].items():
     config[section].update(fields)
   config.optim.schedule = 'inverse_sqrt'
@@ -137,7 +140,8 @@ def main(argv):
   # What the script prints is its output; library INFO records go only where --verbosity asks.
   run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
   config = recipe_config(RECIPE.value, STEPS.value, LOG_EVERY.value, PACK_LENGTH.value,
-                         MICROBATCH_TOKENS.value, DTYPE.value, MAX_TOKENS.value, VOCABULARY.value)
+                         MICROBATCH_TOKENS.value, DTYPE.value, MAX_TOKENS.value, VOCABULARY.value,
+                         STEPS_PER_CALL.value)
   with tempfile.TemporaryDirectory() as scratch:
     report = measure(config, WORKDIR.value or scratch)
   report['recipe'] = RECIPE.value
