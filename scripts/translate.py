@@ -9,8 +9,8 @@ program that writes a line and waits for its answer. With --nbest=N each line gi
 `LINE<TAB>SCORE<TAB>TRANSLATION`, as eval.py --input does; an empty line gives an empty
 translation (N of them). A line that is not UTF-8 or too long for the model gets an empty
 translation and one line on stderr, and the rest go on. The first line of each new length (sources
-padded to 8 tokens) compiles its search; JAX's compilation cache keeps those programs for the next
-session.
+padded to 8 tokens) compiles its search; JAX's compilation cache keeps those programs for the
+translator's next start.
 """
 
 import sys
