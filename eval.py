@@ -125,19 +125,18 @@ def print_table(report: dict) -> None:
         f'{report["compile_s"]:.1f} s compiling; wall {report["wall_s"]:.1f} s on {report["devices"]}')
 
 
-def define_flags() -> None:
-  """eval.py's command line; only when run as a program, so scripts can import this module.
+# The search's flags, `translate` keyword arguments once decoding_settings fills the unset ones.
+SEARCH_FLAGS = ('beam_size', 'length_penalty', 'length_penalty_form', 'early_stopping',
+                'max_length_a', 'max_length_b', 'smallest_batch')
 
-  No --config flag: the config is the one the run saved in WORKDIR/config.json.
-  """
+
+def define_decoding_flags() -> None:
+  """The flags eval.py and scripts/translate.py share: the run, its checkpoint, the search and the
+  hypotheses written per input line."""
   flags.DEFINE_string('workdir', None, 'Run directory of train.py.', required=True)
-  flags.DEFINE_string('split', None, 'Split to translate and score, e.g. test_2016.')
-  flags.DEFINE_string('input', None, "Text file to translate, one sentence per line; '-' for stdin.")
-  flags.DEFINE_string('output', None, 'Where --input translations go (default: stdout).')
-  flags.DEFINE_integer('nbest', 1, 'Hypotheses written per --input line, with their scores '
-                       '(at most the beam size).', lower_bound=1)
-  flags.mark_flags_as_mutual_exclusive(['split', 'input'], required=True)
   flags.DEFINE_string('checkpoint', 'last', "'last', 'best', a saved step, or 'avg:N'.")
+  flags.DEFINE_integer('nbest', 1, 'Hypotheses written per input line, with their scores '
+                       '(at most the beam size).', lower_bound=1)
   flags.DEFINE_integer('beam_size', None, 'Beam width, 1 for greedy search '
                        '(default: config.eval.beam_size).', lower_bound=1)
   flags.DEFINE_float('length_penalty', None, 'Length penalty alpha '
@@ -147,12 +146,29 @@ def define_flags() -> None:
   flags.DEFINE_bool('early_stopping', False, "Stop a sentence's beam search at its K-th finished "
                     'hypothesis, as fairseq does, instead of when no alive one can beat it '
                     '(exact; for alpha > 0 often the length limit).')
-  flags.DEFINE_integer('batch_size', None, 'Sentences per batch '
-                       '(default: config.data.eval_batch_size).', lower_bound=1)
   flags.DEFINE_integer('max_length_a', 10, 'Tokens generated at most: a + b * source length; '
                        'this is a.', lower_bound=0)
   flags.DEFINE_float('max_length_b', 1.2, 'b of the length limit a + b * source length.',
                      lower_bound=0.0)
+
+
+def search_flag_settings(args: flags.FlagValues) -> dict:
+  """The search flags' values; None for one the program does not define (its default)."""
+  return {name: args[name].value if name in args else None for name in SEARCH_FLAGS}
+
+
+def define_flags() -> None:
+  """eval.py's command line; only when run as a program, so scripts can import this module.
+
+  No --config flag: the config is the one the run saved in WORKDIR/config.json.
+  """
+  define_decoding_flags()
+  flags.DEFINE_string('split', None, 'Split to translate and score, e.g. test_2016.')
+  flags.DEFINE_string('input', None, "Text file to translate, one sentence per line; '-' for stdin.")
+  flags.DEFINE_string('output', None, 'Where --input translations go (default: stdout).')
+  flags.mark_flags_as_mutual_exclusive(['split', 'input'], required=True)
+  flags.DEFINE_integer('batch_size', None, 'Sentences per batch '
+                       '(default: config.data.eval_batch_size).', lower_bound=1)
   flags.DEFINE_integer('smallest_batch', None, 'Beam search drops finished sentences from a '
                        'batch in halvings down to this many (one compiled search loop per '
                        'halving): ~10-15% faster decoding on a CPU for longer compiling, which '
@@ -181,9 +197,7 @@ def main(argv):
 def evaluate(args, start: float) -> None:
   """Translates --input or scores --split; every destination is opened before the model loads."""
   workdir, split, checkpoint = args.workdir, args.split, args.checkpoint
-  flag_settings = {name: args[name].value for name in (
-      'beam_size', 'length_penalty', 'length_penalty_form', 'early_stopping', 'max_length_a',
-      'max_length_b', 'smallest_batch')}
+  flag_settings = search_flag_settings(args)
   lines = read_lines(args.input) if args.input else None
   config = trained_model.load_config(workdir)
   out_dir = epath.Path(args.out_dir) if args.out_dir else run_dir.path(workdir, run_dir.EVAL_DIR)

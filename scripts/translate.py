@@ -3,6 +3,8 @@
   python -m scripts.translate --workdir=runs/m30k
   python -m scripts.translate --workdir=runs/m30k --checkpoint=avg:5 --beam_size=5 --nbest=3
 
+--checkpoint and the search's flags are eval.py's.
+
 Loads the run once (config.json, its vocabularies, the checkpoint) and writes each line's
 translation to stdout as soon as the line is read, flushed, so it can sit behind a pipe or a
 program that writes a line and waits for its answer. With --nbest=N each line gives N rows
@@ -25,17 +27,9 @@ from evaluation.line_translator import LineTranslator, write_translations
 from training import command_line, partitioning, run_dir, run_log
 import eval as eval_lib
 
-WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory of train.py.', required=True)
-CHECKPOINT = flags.DEFINE_string('checkpoint', 'last', "'last', 'best', a saved step, or 'avg:N'.")
-NBEST = flags.DEFINE_integer('nbest', 1, 'Hypotheses written per line, with their scores (at most '
-                             'the beam size).', lower_bound=1)
-BEAM_SIZE = flags.DEFINE_integer('beam_size', None, 'Beam width, 1 for greedy search '
-                                 '(default: config.eval.beam_size).', lower_bound=1)
-LENGTH_PENALTY = flags.DEFINE_float('length_penalty', None, 'Length penalty alpha '
-                                    '(default: config.eval.length_penalty).')
-MAX_LENGTH_A = flags.DEFINE_integer('max_length_a', 10, 'Tokens generated at most: a + b * source '
-                                    'length; this is a.', lower_bound=0)
-MAX_LENGTH_B = flags.DEFINE_float('max_length_b', 1.2, 'b of the length limit.', lower_bound=0.0)
+# --workdir, --checkpoint, --nbest and the search's flags, as eval.py has them (listed by --help).
+eval_lib.define_decoding_flags()
+flags.adopt_module_key_flags(eval_lib)
 TIMES = flags.DEFINE_bool('times', False, 'Write the load time and each line\'s latency to stderr.')
 
 
@@ -43,19 +37,17 @@ def main(argv) -> None:
   del argv
   start = time.perf_counter()
   run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
+  args = flags.FLAGS
   try:
-    config = trained_model.load_config(WORKDIR.value)
+    config = trained_model.load_config(args.workdir)
     # One sentence at a time: a single device does it without splitting a batch.
     eval_lib.use_cpu_devices(1, 1)
     jax.config.update('jax_compilation_cache_dir', str(datasets.compilation_cache_dir(config.data)))
     mesh = partitioning.make_mesh()
-    run = trained_model.restore(WORKDIR.value, None, CHECKPOINT.value, mesh)
-    settings, batch_size = eval_lib.decoding_settings(run.config, {
-        'beam_size': BEAM_SIZE.value, 'length_penalty': LENGTH_PENALTY.value,
-        'length_penalty_form': 'fairseq', 'early_stopping': False,
-        'max_length_a': MAX_LENGTH_A.value, 'max_length_b': MAX_LENGTH_B.value,
-        'smallest_batch': None}, jax.device_count())
-    translator = LineTranslator(run, settings, batch_size, NBEST.value, mesh)
+    run = trained_model.restore(args.workdir, None, args.checkpoint, mesh)
+    settings, batch_size = eval_lib.decoding_settings(
+        run.config, eval_lib.search_flag_settings(args), jax.device_count())
+    translator = LineTranslator(run, settings, batch_size, args.nbest, mesh)
   except ValueError as error:
     raise SystemExit(f'translate: {command_line.one_line_error(error)}') from None
   except OSError as error:
@@ -68,8 +60,8 @@ def main(argv) -> None:
       results = translator([_decoded(raw, number)], first_number=number)
     except ValueError as error:
       print(f'translate: {error}', file=sys.stderr, flush=True)
-      results = [[(0.0, '')] * NBEST.value]
-    write_translations(results, NBEST.value, sys.stdout, first_number=number)
+      results = [[(0.0, '')] * args.nbest]
+    write_translations(results, args.nbest, sys.stdout, first_number=number)
     sys.stdout.flush()
     if TIMES.value:
       print(f'line {number}: {time.perf_counter() - line_start:.3f} s', file=sys.stderr, flush=True)
