@@ -33,11 +33,16 @@ def batch_sharded(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
 
 
+def stacked_batch_sharded(mesh: Mesh) -> NamedSharding:
+  """Batches stacked along a leading axis [K, B, ...]: each split along its batch axis."""
+  return NamedSharding(mesh, PartitionSpec(None, DATA_AXIS))
+
+
 def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, *,
                  stacked: bool = False) -> dict[str, jax.Array]:
   """Assembles each process's rows [B_local, ...] into global arrays [B_local * processes, ...];
   `stacked`: batches stacked along a leading axis, [K, B_local, ...] into [K, B, ...]."""
-  sharding = NamedSharding(mesh, PartitionSpec(None, DATA_AXIS)) if stacked else batch_sharded(mesh)
+  sharding = stacked_batch_sharded(mesh) if stacked else batch_sharded(mesh)
   return {name: jax.make_array_from_process_local_data(sharding, value)
           for name, value in local_batch.items()}
 

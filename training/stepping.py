@@ -13,7 +13,6 @@ import time
 from absl import logging
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
 import ml_collections
 import numpy as np
 
@@ -104,8 +103,8 @@ class TrainStep:
         out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
     self._jitted_group = jax.jit(
         steps_and_accumulate,
-        in_shardings=(replicated, replicated, NamedSharding(mesh, PartitionSpec(None, partitioning.DATA_AXIS)),
-                      replicated, replicated),
+        in_shardings=(replicated, replicated, partitioning.stacked_batch_sharded(mesh), replicated,
+                      replicated),
         out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
     self.steps_per_call = config.train.steps_per_call
     # Jitted, so every sum is its own buffer (the step donates them).

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 
 from absl import logging
-from etils import epath
 import jax
 import ml_collections
 from jax.experimental import multihost_utils
@@ -51,14 +50,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   Raises:
     ValueError: a bad config field (one line).
-    run_dir.RunFolderError: the folder is locked by another run, or holds a run of another config.
+    run_dir.RunFolderError: the folder is a file or unwritable, locked by another run, or holds a
+      run of another config.
     training.checkpointing.CheckpointError: no checkpoint of the run can be restored.
     run_log.DivergenceError: the run diverged (status.json says so).
     stop_signals.RunStopped: SIGTERM or SIGINT stopped the run after saving (status `stopped`).
   """
   config_checks.check_config(config)
   data = datasets.resolve(config.data)
-  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  run_dir.make_run_folder(workdir)
   with run_dir.claim_run_folder(workdir):
     changes = run_dir.check_resume(workdir, config)
     run_dir.check_source(workdir, data.fingerprint)
