@@ -4,6 +4,10 @@
   python train.py --config=configs/multi30k.py --workdir=runs/post_ln --config.model.norm_position=post
   python train.py --helpconfig    # every --config.SECTION.FIELD with its default and meaning
 
+  python train.py --config=configs/multi30k.py --workdir=runs/m30k_seeds --seeds=0,1,2,3
+
+--seeds trains those seeds of the config together, as one compiled program (training/members.py),
+each in its own run folder: --workdir with '{seed}' replaced, else WORKDIR/seed=N.
 Re-running the same command on an existing workdir resumes from its latest checkpoint
 (params, optimizer state, step and data-iterator position; dropout keys derive from the step).
 The loop is training/trainer.py; what the workdir receives, training/run_dir.py.
@@ -16,9 +20,12 @@ import jax
 
 from data import datasets, sources
 from training import checkpointing, command_line, partitioning, run_dir, run_log, stop_signals
-from training import trainer
+from training import members, trainer
 
 WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (created or resumed).', required=True)
+SEEDS = flags.DEFINE_list('seeds', None, 'Train these train.seed values together in one compiled '
+                          "program, each in its own run folder (--workdir with '{seed}' replaced, "
+                          'else WORKDIR/seed=N).')
 command_line.define_config_flag()
 # Listed by --help (flags defined in another module are otherwise shown only by --helpfull).
 flags.declare_key_flag('config')
@@ -36,13 +43,19 @@ def main(argv):
   if MULTIPROCESS.value:
     partitioning.initialize_distributed(COORDINATOR_ADDRESS.value, NUM_PROCESSES.value, PROCESS_ID.value)
   config = command_line.config_from_flags()
+  seeds = _seeds(SEEDS.value)
+  workdirs = members.member_workdirs(WORKDIR.value, seeds) if seeds else [WORKDIR.value]
   try:
-    run_dir.check_reachable(WORKDIR.value)
-    run_dir.make_run_folder(WORKDIR.value)
+    for workdir in workdirs:
+      run_dir.check_reachable(workdir)
+      run_dir.make_run_folder(workdir)
   except run_dir.RunFolderError as error:
     raise SystemExit(str(error)) from None
   try:
-    run_log.route_library_logging(run_dir.path(WORKDIR.value, run_dir.LOG_FILE),
+    # Seeds trained together share one process: each member's train.log holds its library log.
+    for workdir in workdirs[1:]:
+      run_log.add_library_log_file(run_dir.path(workdir, run_dir.LOG_FILE))
+    run_log.route_library_logging(run_dir.path(workdirs[0], run_dir.LOG_FILE),
                                   to_terminal=flags.FLAGS['verbosity'].present)
   except OSError as error:
     raise SystemExit(f'cannot write the run folder: {run_dir.os_error_line(error)}') from None
@@ -50,7 +63,10 @@ def main(argv):
   # (10-20 s per batch shape on a 2-core CPU).
   jax.config.update('jax_compilation_cache_dir', str(datasets.compilation_cache_dir(config.data)))
   try:
-    trainer.train_and_evaluate(config, WORKDIR.value)
+    if seeds:
+      members.train_seeds_together(config, workdirs, seeds)
+    else:
+      trainer.train_and_evaluate(config, WORKDIR.value)
   except run_log.DivergenceError as error:
     raise SystemExit(f'diverged: {error}') from None
   except stop_signals.RunStopped as stopped:
@@ -71,6 +87,13 @@ def main(argv):
     # Ctrl-C before training started (while preparing data or compiling): nothing to save.
     print('interrupted before training started', file=sys.stderr, flush=True)
     sys.exit(130)
+
+
+def _seeds(values: list[str] | None) -> list[int]:
+  try:
+    return [int(value) for value in values or []]
+  except ValueError:
+    raise SystemExit(f'--seeds={",".join(values)}: expected integers, e.g. --seeds=0,1,2') from None
 
 
 if __name__ == '__main__':

@@ -28,21 +28,18 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
-def batch_sharded(mesh: Mesh) -> NamedSharding:
-  """Split along the leading (batch) axis, replicated along the rest."""
-  return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
-
-
-def stacked_batch_sharded(mesh: Mesh) -> NamedSharding:
-  """Batches stacked along a leading axis [K, B, ...]: each split along its batch axis."""
-  return NamedSharding(mesh, PartitionSpec(None, DATA_AXIS))
+def batch_sharded(mesh: Mesh, stacked_axes: int = 0) -> NamedSharding:
+  """Split along the batch axis, replicated along the rest. `stacked_axes`: batches stacked along
+  that many leading axes ([K, B, ...] for a group of steps, [M, K, B, ...] for seeds trained
+  together), each split along its batch axis."""
+  return NamedSharding(mesh, PartitionSpec(*[None] * stacked_axes, DATA_AXIS))
 
 
 def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, *,
-                 stacked: bool = False) -> dict[str, jax.Array]:
-  """Assembles each process's rows [B_local, ...] into global arrays [B_local * processes, ...];
-  `stacked`: batches stacked along a leading axis, [K, B_local, ...] into [K, B, ...]."""
-  sharding = stacked_batch_sharded(mesh) if stacked else batch_sharded(mesh)
+                 stacked_axes: int = 0) -> dict[str, jax.Array]:
+  """Assembles each process's rows [B_local, ...] into global arrays [B_local * processes, ...],
+  or, stacked along leading axes, [..., B_local, ...] into [..., B, ...]."""
+  sharding = batch_sharded(mesh, stacked_axes)
   return {name: jax.make_array_from_process_local_data(sharding, value)
           for name, value in local_batch.items()}
 

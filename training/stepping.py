@@ -72,30 +72,12 @@ class TrainStep:
                steps: RunSteps, clock):
     replicated = partitioning.replicated(mesh)
     self._mesh, self._clock = mesh, clock
-    self._dropout_key = jax.jit(lambda: jax.random.PRNGKey(config.train.seed + 1),
+    self._dropout_key = jax.jit(lambda: dropout_key(config.train.seed),
                                 out_shardings=replicated)()
     self.microbatch_tokens = train_state.microbatch_tokens(config)
 
-    def step_and_accumulate(state, window, batch, dropout_key, length):
-      tx_of_length, _ = make_optimizer(config.optim, steps_per_epoch=steps.steps_per_epoch,
-                                       total_steps=length)
-      state, metrics = train_state.train_step(state, batch, model=model, tx=tx_of_length,
-                                              label_smoothing=config.train.label_smoothing,
-                                              dropout_key=dropout_key,
-                                              microbatch_tokens=self.microbatch_tokens)
-      # The step number again, as an output of its own that is not donated to the next step:
-      # the loop waits on it to stay at most one step ahead of the device.
-      return state, train_state.accumulate_metrics(window, metrics, state.step), state.step + 0
-
-    def steps_and_accumulate(state, window, batches, dropout_key, length):
-      """step_and_accumulate over batches stacked on a leading axis [K, B, ...], in order."""
-      def body(carry, batch):
-        state, window, _ = step_and_accumulate(*carry, batch, dropout_key, length)
-        return (state, window), None
-
-      (state, window), _ = jax.lax.scan(body, (state, window), batches)
-      return state, window, state.step + 0
-
+    step_and_accumulate, steps_and_accumulate = compiled_step_functions(
+        config, model, steps, self.microbatch_tokens)
     self._jitted = jax.jit(
         step_and_accumulate,
         in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh), replicated,
@@ -103,7 +85,7 @@ class TrainStep:
         out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
     self._jitted_group = jax.jit(
         steps_and_accumulate,
-        in_shardings=(replicated, replicated, partitioning.stacked_batch_sharded(mesh), replicated,
+        in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh, 1), replicated,
                       replicated),
         out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
     self.steps_per_call = config.train.steps_per_call
@@ -121,7 +103,7 @@ class TrainStep:
       stacked = {name: np.stack([batch[name] for batch in local_batches])
                  for name in local_batches[0]}
       return self._dispatch(self._jitted_group, state, window,
-                            partitioning.global_batch(stacked, self._mesh, stacked=True),
+                            partitioning.global_batch(stacked, self._mesh, stacked_axes=1),
                             (len(local_batches), *_shape(local_batches[0])), length)
     for local_batch in local_batches:
       state, window = self._dispatch(self._jitted, state, window,
@@ -129,14 +111,14 @@ class TrainStep:
                                      _shape(local_batch), length)
     return state, window
 
-  def _dispatch(self, jitted, state, window, batch, shape: tuple, length):
+  def _dispatch(self, jitted, state, window, batch, shape: tuple, length, *more):
     new_shape = shape not in self.compile_seconds
     if new_shape:
       # The call below compiles before dispatching. Steps already queued would run during the
       # compilation and be counted out of the throughput with it: let them finish first.
       jax.block_until_ready(window)
     dispatch_start = time.perf_counter()
-    state, window, step_done = jitted(state, window, batch, self._dropout_key, length)
+    state, window, step_done = jitted(state, window, batch, self._dropout_key, length, *more)
     if new_shape:
       seconds = time.perf_counter() - dispatch_start
       self.compile_seconds[shape] = seconds
@@ -147,6 +129,40 @@ class TrainStep:
       jax.block_until_ready(self._previous_step_done)
     self._previous_step_done = step_done
     return state, window
+
+
+def compiled_step_functions(config: ml_collections.ConfigDict, model: Transformer, steps: RunSteps,
+                            microbatch_tokens: int):
+  """The functions the loop compiles: one step, and a group of steps in a lax.scan.
+
+  Both take (state, window, batch or [K, ...] batches, dropout key, RunLength) and return the new
+  state, window and the step number again, as an output of its own that is not donated to the
+  next step: the loop waits on it to stay at most one step ahead of the device.
+  """
+  def step_and_accumulate(state, window, batch, dropout_key, length):
+    tx_of_length, _ = make_optimizer(config.optim, steps_per_epoch=steps.steps_per_epoch,
+                                     total_steps=length)
+    state, metrics = train_state.train_step(state, batch, model=model, tx=tx_of_length,
+                                            label_smoothing=config.train.label_smoothing,
+                                            dropout_key=dropout_key,
+                                            microbatch_tokens=microbatch_tokens)
+    return state, train_state.accumulate_metrics(window, metrics, state.step), state.step + 0
+
+  def steps_and_accumulate(state, window, batches, dropout_key, length):
+    """step_and_accumulate over batches stacked on a leading axis [K, B, ...], in order."""
+    def body(carry, batch):
+      state, window, _ = step_and_accumulate(*carry, batch, dropout_key, length)
+      return (state, window), None
+
+    (state, window), _ = jax.lax.scan(body, (state, window), batches)
+    return state, window, state.step + 0
+
+  return step_and_accumulate, steps_and_accumulate
+
+
+def dropout_key(seed: int):
+  """The dropout key of a run of train.seed `seed` (the step and slice are folded in per step)."""
+  return jax.random.PRNGKey(seed + 1)
 
 
 def _shape(local_batch: dict) -> tuple[int, ...]:

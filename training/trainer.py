@@ -84,6 +84,8 @@ class _Run:
   say: Callable[[str], None]  # prints one console line on process 0
   train_iter: pipeline.TrainIterator
   batches: BatchGroups
+  model: Transformer
+  steps: RunSteps
   state: train_state.TrainState
   checkpointer: Checkpointer
   writer: run_log.MetricsWriter
@@ -219,13 +221,20 @@ def _write_status(run: _Run, state: str, **fields) -> None:
 
 
 def _set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: str,
-            changes: dict) -> _Run:
+            changes: dict, *, console: run_log.Console | None = None, label: str = '',
+            draws_bar: bool = True) -> _Run:
   """Writes the run's config, prepares data, model and state (restored if the run has checkpoints),
-  and makes the periodic actions; says what it made."""
+  and makes the periodic actions; says what it made.
+
+  A run of seeds trained together (training/members.py) prints through the group's `console`, its
+  lines after `label`; one of them `draws_bar`.
+  """
   run_start = time.perf_counter()
   is_primary = jax.process_index() == 0
-  console = run_log.Console() if is_primary else None
-  say = console.line if console else lambda text: None
+  if console is None and is_primary:
+    console = run_log.Console()
+  say = (lambda text: console.line(label + text)) if console else lambda text: None
+  bar = console if draws_bar else None
   if is_primary:
     for name, (old, new) in changes.items():
       if old is not None:  # not a field added to the code since the run started
@@ -287,18 +296,19 @@ def _set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir:
   progress = actions.Progress(step=step, total_steps=total_steps)
   if is_primary:
     run_log.write_status(workdir, 'running', step=step)
-    console.start(None if budget.plan_at else total_steps, initial_step=step)
+  if bar:
+    bar.start(None if budget.plan_at else total_steps, initial_step=step)
   clock.new_window(saved_window['seconds'] if saved_window else 0.0)
   budget.start(step, clock.paused)
   eta = actions.Eta(clock, eval_every=config.train.eval_every,
                     checkpoint_every=config.train.checkpoint_every)
   return _Run(
-      config=config, workdir=workdir, is_primary=is_primary, console=console, say=say,
-      train_iter=train_iter, batches=batches, state=state, checkpointer=checkpointer, writer=writer,
+      config=config, workdir=workdir, is_primary=is_primary, console=bar, say=say,
+      train_iter=train_iter, batches=batches, model=model, steps=steps, state=state, checkpointer=checkpointer, writer=writer,
       progress=progress, clock=clock, window=window, schedule=schedule, train_step=train_step,
       budget=budget, eta=eta,
       report=actions.MetricsReport(
-          log_every=config.train.log_every, writer=writer, console=console, loss_watch=loss_watch,
+          log_every=config.train.log_every, writer=writer, console=bar, loss_watch=loss_watch,
           window=window, clock=clock, compile_seconds=train_step.compile_seconds,
           schedule=schedule, eta=eta,
           status=lambda at: run_log.write_status(workdir, 'running', step=at) if is_primary else None),
