@@ -220,6 +220,34 @@ def expand(spec: str, workdir: str, extra_args: list[str] = (), seeds: int | Non
   return runs
 
 
+def seed_groups(runs: list[Run]) -> list[list[Run]]:
+  """The runs in groups that differ only in train.seed (a point's seeds), in sweep order."""
+  groups: dict[tuple, list[Run]] = {}
+  for run in runs:
+    point = tuple((key, repr(value)) for key, value in run.overrides.items() if key != SEED_FIELD)
+    groups.setdefault(point, []).append(run)
+  return list(groups.values())
+
+
+def seeds_together_args(runs: list[Run]) -> tuple[str, ...]:
+  """train.py's arguments that train `runs`, one point's seeds, as one program (--seeds): the
+  first run's, its seed left out and its folder a template whose '{seed}' each seed fills in."""
+  first = runs[0]
+  seed = first.overrides[SEED_FIELD]
+  suffix = f'={_name_value(seed)}'
+  if not first.name.endswith(suffix):
+    raise ValueError(f'run {first.name}: its name does not end in its seed, {suffix[1:]}')
+  template = first.name[:-len(suffix)] + '={seed}'
+  args = []
+  for arg in first.args:
+    if arg.startswith('--workdir='):
+      arg = '--workdir=' + os.path.join(os.path.dirname(arg[len('--workdir='):]), template)
+    elif arg.startswith(f'--config.{SEED_FIELD}='):
+      continue
+    args.append(arg)
+  return (*args, '--seeds=' + ','.join(str(run.overrides[SEED_FIELD]) for run in runs))
+
+
 def host_share(runs: list[Run], num_hosts: int, host_index: int) -> list[Run]:
   """The runs host `host_index` of `num_hosts` trains when hosts split a sweep: every
   num_hosts-th run from its index, in sweep order.

@@ -23,7 +23,8 @@ or Ctrl-C is passed to the running train.py, which saves and stops, and then the
 train.py whose sweep is killed outright gets SIGTERM too, so no run is left training behind a
 re-run's back. --dry_run prints one shell command per run (of this host's share), for a launcher
 of your own, and writes nothing. Arguments --config.KEY=VALUE are given to every run. --seeds=N
-repeats every point over train.seed 0 .. N-1. Exit status
+repeats every point over train.seed 0 .. N-1; --seeds_together trains them in one train.py, as one
+compiled program (training/members.py), each still in its own run folder. Exit status
 1 when a run failed; diverging is a result.
 """
 
@@ -53,6 +54,8 @@ ONLY = flags.DEFINE_multi_string('only', [], 'Only the runs whose name contains 
                                  '(repeatable: any of them).')
 SEEDS = flags.DEFINE_integer('seeds', None, 'Repeat every point with train.seed 0 .. SEEDS-1 (default: '
                              "the sweep config's seeds(preset), else 1); the report gives mean and std.")
+SEEDS_TOGETHER = flags.DEFINE_bool('seeds_together', False, "Train each point's seeds that still "
+                                    'need training as one program (train.py --seeds; here only).')
 RERUN_DIVERGED = flags.DEFINE_bool('rerun_diverged', False, 'Resume diverged runs as well, after '
                                    'changing what made them diverge.')
 NUM_HOSTS = flags.DEFINE_integer('num_hosts', 1, 'Hosts splitting the runs, each training its '
@@ -111,21 +114,53 @@ class Forwarder:
       self.child.send_signal(signum)
 
 
-def execute(run: sweeps.Run, run_dir: str, label: str, forwarder: Forwarder) -> str:
-  """Trains (or skips) one run in a train.py subprocess; returns its state afterwards."""
-  action = sweeps.plan(run_dir, run.config, rerun_diverged=RERUN_DIVERGED.value)
-  if action == 'skip':
-    status = sweeps.read_status(run_dir)
-    print(f'{label}: {status["state"]} at step {status.get("step")}, skipped', flush=True)
-    return status['state']
-  epath.Path(run_dir).mkdir(parents=True, exist_ok=True)
-  log_path = run_dir_lib.path(run_dir, run_dir_lib.LOG_FILE)
-  print(f'{label}: {action}, log in {log_path}', flush=True)
-  command = [sys.executable, sweeps.TRAIN_SCRIPT, *run.args]
+def execute(runs: list[sweeps.Run], workdir: str, labels: list[str], forwarder: Forwarder) -> list[str]:
+  """Trains (or skips) runs in one train.py subprocess: one run, or one point's seeds together
+  (those that still need training); returns each run's state afterwards."""
+  run_dirs = [os.path.join(workdir, run.name) for run in runs]
+  actions = [sweeps.plan(run_dir, run.config, rerun_diverged=RERUN_DIVERGED.value)
+             for run, run_dir in zip(runs, run_dirs)]
+  for label, run_dir, action in zip(labels, run_dirs, actions):
+    if action == 'skip':
+      status = sweeps.read_status(run_dir)
+      print(f'{label}: {status["state"]} at step {status.get("step")}, skipped', flush=True)
+  pending = [index for index, action in enumerate(actions) if action != 'skip']
+  if not pending:
+    return [sweeps.read_status(run_dir)['state'] for run_dir in run_dirs]
+  if len(pending) == 1:
+    args = runs[pending[0]].args
+  else:
+    args = sweeps.seeds_together_args([runs[index] for index in pending])
+  log_path = run_dir_lib.path(run_dirs[pending[0]], run_dir_lib.LOG_FILE)
+  for index in pending:
+    epath.Path(run_dirs[index]).mkdir(parents=True, exist_ok=True)
+    together = ' (seeds together)' if len(pending) > 1 else ''
+    print(f'{labels[index]}: {actions[index]}{together}, log in {log_path}', flush=True)
+  code, seconds = _train_subprocess([sys.executable, sweeps.TRAIN_SCRIPT, *args], log_path,
+                                    ' '.join(sorted({actions[index] for index in pending})),
+                                    forwarder)
+  states = []
+  for index, run_dir in enumerate(run_dirs):
+    status = sweeps.read_status(run_dir) or {}
+    state = status.get('state', 'failed')
+    if index in pending:
+      # Killed, or stopped before train.py wrote a status: the run failed whatever the file says.
+      if state == 'running' or (code and state == 'finished'):
+        state = 'failed'
+      at_step = f' at step {status["step"]}' if 'step' in status else ''
+      note = f' (exit status {code}; see the log)' if state == 'failed' else ''
+      print(f'{labels[index]}: {state}{at_step} after {seconds / 60:.1f} min{note}', flush=True)
+    states.append(state)
+  return states
+
+
+def _train_subprocess(command: list[str], log_path, action: str, forwarder: Forwarder):
+  """Runs train.py's `command`, its output appended to `log_path`; returns its exit status and
+  wall seconds."""
   start = time.perf_counter()
   # train.py's output goes to the run's train.log; on object storage, which a child process cannot
   # append to, through a local file copied there when the run ends.
-  local = run_dir_lib.is_local(run_dir)
+  local = run_dir_lib.is_local(str(log_path))
   with (open(log_path, 'a') if local else tempfile.TemporaryFile('w+')) as log:
     log.write(f'# scripts/sweep.py ({action}): {shlex.join(command)}\n')
     log.flush()
@@ -138,15 +173,7 @@ def execute(run: sweeps.Run, run_dir: str, label: str, forwarder: Forwarder) -> 
     if not local:
       log.seek(0)
       run_dir_lib.append_text(log_path, log.read())
-  status = sweeps.read_status(run_dir) or {}
-  state = status.get('state', 'failed')
-  # Killed, or stopped before train.py wrote a status: the run failed whatever the file says.
-  if state == 'running' or (code and state == 'finished'):
-    state = 'failed'
-  at_step = f' at step {status["step"]}' if 'step' in status else ''
-  note = f' (exit status {code}; see the log)' if state == 'failed' else ''
-  print(f'{label}: {state}{at_step} after {(time.perf_counter() - start) / 60:.1f} min{note}', flush=True)
-  return state
+  return code, time.perf_counter() - start
 
 
 def check_modes() -> None:
@@ -154,6 +181,9 @@ def check_modes() -> None:
   if MULTIPROCESS.value and NUM_HOSTS.value > 1:
     raise ValueError('--multiprocess (each run on every host) and --num_hosts (runs split over '
                      'hosts) are two different modes; give one')
+  if SEEDS_TOGETHER.value and (MULTIPROCESS.value or LAUNCHER.value == 'slurm'):
+    raise ValueError('--seeds_together trains a point\'s seeds in one train.py here (or per host '
+                     'with --num_hosts); not with --multiprocess or --launcher=slurm')
   if LAUNCHER.value == 'slurm' and (MULTIPROCESS.value or NUM_HOSTS.value > 1):
     raise ValueError('--launcher=slurm places the runs itself: drop --multiprocess and --num_hosts '
                      '(--slurm_nodes trains one run over several nodes)')
@@ -163,11 +193,16 @@ def train_here(runs: list[sweeps.Run], workdir: str) -> collections.Counter:
   """Each run in a train.py subprocess, in turn; stops the sweep on SIGTERM or SIGINT."""
   forwarder = Forwarder()
   states = collections.Counter()
-  for i, run in enumerate(runs, 1):
-    state = execute(run, os.path.join(workdir, run.name), f'[{i}/{len(runs)}] {run.name}', forwarder)
-    states[state] += 1
+  units = sweeps.seed_groups(runs) if SEEDS_TOGETHER.value else [[run] for run in runs]
+  done = 0
+  for unit in units:
+    labels = [f'[{done + i}/{len(runs)}] {run.name}' for i, run in enumerate(unit, 1)]
+    unit_states = execute(unit, workdir, labels, forwarder)
+    done += len(unit)
+    states.update(unit_states)
     if forwarder.received is not None:
       # The signal reached the run in training (stopped mid-way) or came as it ended.
+      i, run, state = done, unit[-1], unit_states[-1]
       where = (f'during run {i} of {len(runs)} ({run.name}, {state})' if state != 'finished'
                else f'after run {i} of {len(runs)}')
       print(f'sweep {workdir}: stopped by {signal.Signals(forwarder.received).name} {where}; run '
@@ -230,8 +265,10 @@ def main(argv: list[str]) -> None:
   except ValueError as error:
     raise SystemExit(f'sweep.py: {error}') from None
   if DRY_RUN.value:
-    for run in share:
-      print(shlex.join(['python', os.path.relpath(sweeps.TRAIN_SCRIPT), *run.args]))
+    units = sweeps.seed_groups(share) if SEEDS_TOGETHER.value else [[run] for run in share]
+    for unit in units:
+      args = unit[0].args if len(unit) == 1 else sweeps.seeds_together_args(unit)
+      print(shlex.join(['python', os.path.relpath(sweeps.TRAIN_SCRIPT), *args]))
     return
   if LAUNCHER.value == 'slurm':
     submit_to_slurm(share, workdir)

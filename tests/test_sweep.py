@@ -134,7 +134,7 @@ def test_seeds_repeat_every_point_with_seeds_adjacent_and_named(tmp_path):
 @pytest.mark.parametrize('spec,points,field', [
     ('configs/sweeps/depth_stability.py:cpu', 15, 'model.norm_position'),
     ('configs/sweeps/length_extrapolation.py:cpu', 5, 'model.position')])
-def test_issue_19_sweeps_repeat_each_point_over_three_seeds(spec, points, field):
+def test_depth_and_length_sweeps_repeat_each_point_over_three_seeds(spec, points, field):
   runs = sweeps.expand(spec, 'runs/x')
   assert len(runs) == 3 * points
   assert [run.config.train.seed for run in runs[:3]] == [0, 1, 2]
@@ -276,3 +276,34 @@ def test_sweep_trains_its_runs_then_skips_finished_ones_and_resumes_a_killed_one
   assert train_steps == [2, 4]
   assert sorted(os.listdir(second / 'checkpoints')) == ['2', '4']
   assert (second / 'train.log').read_text().count('# scripts/sweep.py') == 2
+
+
+def test_seeds_together_train_a_points_seeds_in_one_process_each_in_its_own_folder(
+    tmp_path, data_cache):
+  spec = write_sweep(tmp_path, f"""
+      def get_config():
+        config = smoke.get_config()
+        config.data.update(cache_dir={str(data_cache)!r}, eval_examples=8, pack_length=32)
+        config.train.update(num_steps=4, log_every=2, eval_every=4, checkpoint_every=2)
+        return config
+
+      def sweep():
+        for seed in (0, 1):
+          yield {{'train.seed': seed}}
+      """)
+  workdir = tmp_path / 'sweep'
+  dry = run_sweep_cli(spec, f'--workdir={workdir}', '--seeds_together', '--dry_run')
+  [command] = dry.stdout.strip().splitlines()
+  assert f"'--workdir={workdir}/seed={{seed}}'" in command and command.endswith('--seeds=0,1')
+  result = run_sweep_cli(spec, f'--workdir={workdir}', '--seeds_together')
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert f'[2/2] seed=1: start (seeds together), log in {workdir}/seed=0/train.log' in result.stdout
+  assert result.stdout.strip().splitlines()[-1] == f'sweep {workdir}: 2 runs: 2 finished, 0 diverged, 0 failed'
+  for seed in (0, 1):
+    run_dir = workdir / f'seed={seed}'
+    assert json.loads((run_dir / 'config.json').read_text())['train']['seed'] == seed
+    assert json.loads((run_dir / 'status.json').read_text())['state'] == 'finished'
+    assert sorted(os.listdir(run_dir / 'checkpoints')) == ['2', '4']
+  assert 'seed 1: step 4: validation loss' in (workdir / 'seed=0' / 'train.log').read_text()
+  again = run_sweep_cli(spec, f'--workdir={workdir}', '--seeds_together')
+  assert '[2/2] seed=1: finished at step 4, skipped' in again.stdout
