@@ -4,12 +4,13 @@
   SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --recipe=small --steps=120
   SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --recipe=small --pack_length=0 --max_tokens=4096
   SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --vocabulary=separate
+  SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --seeds=4   # 4 seeds together
 
 Runs `training.trainer.train_and_evaluate` (the loop users run: the grain pipeline, batches with
 their real padding, the per-step host work) for `--steps` steps of a recipe matching
 `../shared/peers/fairseq/bench.sh`: Multi30k De->En, Adam (0.9, 0.98),
 inverse-sqrt warmup, label smoothing 0.1, no validation and no checkpoints inside the timed
-steps. Reports the median over log windows (after the first) of real target tokens per second,
+steps (with --seeds N, N seeds trained together by training/members.py). Reports the median over log windows (after the first) of real target tokens per second,
 EOS included and padding excluded, which is what fairseq's `wps` counts; compilation is timed
 apart, as train.py does. By default the batches are those of the `:de_en` and `:en_de` presets:
 several pairs per row of 32 tokens, 3520 padded tokens per batch, which hold as many real target
@@ -36,7 +37,7 @@ from data import datasets, pipeline, vocabularies as vocabularies_lib
 from model import flops
 from model.config import DTYPES
 from scripts.timing import cpu_matmul_gflops
-from training import command_line, run_log, train_state, trainer
+from training import command_line, members, run_log, train_state, trainer
 from training.run_dir import METRICS_FILE
 
 # The two shapes of ../shared/peers/fairseq/bench.sh, with its learning rates and warmups.
@@ -68,6 +69,8 @@ MICROBATCH_TOKENS = flags.DEFINE_integer('microbatch_tokens', None, 'config.trai
                                          'whole batch; default: by platform, 512 on a CPU).')
 DTYPE = flags.DEFINE_enum('dtype', 'float32', list(DTYPES), 'config.model.dtype: the compute dtype '
                           '(params, logits, softmax, norm statistics and the loss stay float32).')
+SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds trained together as one program (training/members.py); '
+                             'the throughput is their sum.', lower_bound=1)
 VOCABULARY = flags.DEFINE_enum('vocabulary', 'joint', list(vocabularies_lib.VOCABULARIES), 'config.data.vocabulary; '
                                "'separate' also sets config.model.share_embeddings=False.")
 
@@ -98,12 +101,24 @@ def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int | No
   return config
 
 
-def measure(config, workdir: str) -> dict:
-  trainer.train_and_evaluate(config, workdir)
-  records = [json.loads(line) for line in Path(workdir, METRICS_FILE).read_text().splitlines()]
-  windows = [r['tokens_per_sec'] for r in records if 'tokens_per_sec' in r]
+def measure(config, workdir: str, seeds: int = 1) -> dict:
+  """The run's median tokens/s over its log windows after the first; with `seeds` > 1 those seeds
+  trained together, each window's tokens/s summed over them (each member counts its own tokens
+  over the group's wall time)."""
+  if seeds == 1:
+    workdirs = [workdir]
+    trainer.train_and_evaluate(config, workdir)
+  else:
+    workdirs = members.member_workdirs(workdir, list(range(seeds)))
+    members.train_seeds_together(config, workdirs, list(range(seeds)))
+  member_windows = []
+  for run in workdirs:
+    records = [json.loads(line) for line in Path(run, METRICS_FILE).read_text().splitlines()]
+    member_windows.append([r['tokens_per_sec'] for r in records if 'tokens_per_sec' in r])
+  windows = [sum(window) for window in zip(*member_windows)]
   last = [r for r in records if 'compiled_shapes' in r][-1]
   return {
+      'seeds': seeds,
       'device': f'{jax.devices()[0].platform}: {jax.devices()[0].device_kind} x{jax.device_count()}',
       'jax_version': jax.__version__,
       'steps': config.train.num_steps,
@@ -143,7 +158,7 @@ def main(argv):
                          MICROBATCH_TOKENS.value, DTYPE.value, MAX_TOKENS.value, VOCABULARY.value,
                          STEPS_PER_CALL.value)
   with tempfile.TemporaryDirectory() as scratch:
-    report = measure(config, WORKDIR.value or scratch)
+    report = measure(config, WORKDIR.value or scratch, SEEDS.value)
   report['recipe'] = RECIPE.value
   report['pack_length'] = config.data.pack_length
   report['max_tokens'] = config.data.max_tokens
@@ -154,7 +169,8 @@ def main(argv):
   report['model_gflops_per_sec'] = report['tokens_per_sec'] * report['matmul_flops_per_target_token'] / 1e9
   if jax.devices()[0].platform == 'cpu':
     report['cpu_matmul_peak_gflops'] = cpu_matmul_gflops()
-  print(f"train.py {RECIPE.value}: median {report['tokens_per_sec']:,.0f} real target tokens/s "
+  together = f' ({SEEDS.value} seeds together)' if SEEDS.value > 1 else ''
+  print(f"train.py {RECIPE.value}{together}: median {report['tokens_per_sec']:,.0f} real target tokens/s "
         f"over {report['steps']} steps; {report['compiled_shapes']} shapes compiled in "
         f"{report['compile_seconds']:.0f} s ({report['device']})")
   peak = (f"; this CPU's float32 matmul: {report['cpu_matmul_peak_gflops']:.0f} GFLOP/s"
