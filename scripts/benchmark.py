@@ -30,6 +30,7 @@ import numpy as np
 from data import tokenizer as tokenizer_lib
 from model import flops as flops_lib
 from model import translate as translate_lib
+from scripts import profile_summary
 from scripts.timing import cpu_matmul_gflops, median_seconds
 from training import command_line, run_log, train_state
 from training.optimizer import make_optimizer
@@ -45,6 +46,8 @@ WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed training steps after compila
 DECODE_BATCH_SIZE = flags.DEFINE_integer('decode_batch_size', 128, 'Sentences per decoding batch.')
 DECODE_REPEATS = flags.DEFINE_integer('decode_repeats', 3, 'Timed decoding calls (median taken).')
 BEAM_SIZE = flags.DEFINE_integer('beam_size', 5, 'Beam size of the beam-search measurement.')
+PROFILE_DIR = flags.DEFINE_string('profile_dir', None, 'Trace 5 more training steps with jax.profiler '
+                                  'here and report their top operations (scripts/profile_summary.py).')
 PEAK_TFLOPS = flags.DEFINE_float('peak_tflops', None, 'Accelerator peak TFLOP/s for MFU '
                                  '(default: a table by device kind and dtype).')
 
@@ -81,7 +84,8 @@ def _compiled(jitted, *args):
 
 
 def benchmark_training(config, vocab_size: int, batch_size: int, source_length: int,
-                       target_length: int, steps: int, warmup: int) -> dict:
+                       target_length: int, steps: int, warmup: int,
+                       profile_dir: str | None = None) -> dict:
   model = train_state.build_model(config, vocab_size)
   tx, _ = make_optimizer(config.optim, steps_per_epoch=1000, total_steps=max(config.train.num_steps, 1))
   state = train_state.create_train_state(model, tx, config.train.seed)
@@ -101,7 +105,15 @@ def benchmark_training(config, vocab_size: int, batch_size: int, source_length: 
     jax.block_until_ready(metrics)
     step_times.append(time.perf_counter() - start)
   step_seconds = statistics.median(step_times)
-  return {'model': model, 'variables': train_state.model_variables(state.params, state.batch_stats),
+  profile = None
+  if profile_dir:
+    with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
+      for _ in range(5):
+        state, metrics = compiled(state, batch)
+      jax.block_until_ready(metrics)
+    profile = [{'operation': name, 'seconds': seconds, 'share': share} for name, seconds, share
+               in profile_summary.top_operations(profile_summary.read_events(profile_dir), 15)]
+  return {'profile_top': profile,'model': model, 'variables': train_state.model_variables(state.params, state.batch_stats),
           'train_step_seconds': step_seconds, 'train_step_seconds_all': step_times,
           'train_tokens_per_sec': batch_size * target_length / step_seconds,
           'compile_seconds': {'train_step': compile_seconds},
@@ -129,11 +141,11 @@ def benchmark_decoding(model, variables, batch_size: int, source_length: int, ta
 
 def measure(config, *, vocab_size: int, batch_size: int, source_length: int, target_length: int,
             steps: int, warmup: int, decode_batch_size: int, decode_repeats: int, beam_size: int,
-            peak_tflops: float | None = None) -> dict:
+            peak_tflops: float | None = None, profile_dir: str | None = None) -> dict:
   """Every figure of the report as a JSON-ready dict."""
   device = jax.devices()[0]
   train = benchmark_training(config, vocab_size, batch_size, source_length, target_length,
-                             steps, warmup)
+                             steps, warmup, profile_dir)
   # Decoding compiles two more programs: a run stopped during them still reports training.
   print(f"train measured: {train['train_tokens_per_sec']:,.0f} target tokens/s, "
         f"{train['train_step_seconds'] * 1e3:.2f} ms/step, {train['train_step_flops'] / 1e9:,.1f} "
@@ -157,6 +169,7 @@ def measure(config, *, vocab_size: int, batch_size: int, source_length: int, tar
       'decode': decode,
       'peak_rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       'final_train_loss': train['final_loss'],
+      'profile_top': train['profile_top'],
   }
   if device.platform == 'cpu':
     report['cpu_matmul_peak_gflops'] = cpu_matmul_gflops()
@@ -192,6 +205,10 @@ def summary(report: dict) -> str:
     lines.append(f"decode  {name}: {r['sentences_per_sec']:,.1f} sentences/s "
                  f"(compile+first call {r['compile_and_first_call_seconds']:.1f} s)")
   lines.append(f"memory  peak RSS {report['peak_rss_mb']:,.0f} MB")
+  if report['profile_top']:
+    lines.append('profile, top operations of 5 traced steps:')
+    lines.append(profile_summary.format_table([(row['operation'], row['seconds'], row['share'])
+                                               for row in report['profile_top']]))
   return '\n'.join(lines)
 
 
@@ -204,7 +221,8 @@ def main(argv):
       config, vocab_size=VOCAB_SIZE.value or config.data.vocab_size, batch_size=BATCH_SIZE.value,
       source_length=SOURCE_LENGTH.value, target_length=TARGET_LENGTH.value, steps=STEPS.value,
       warmup=WARMUP.value, decode_batch_size=DECODE_BATCH_SIZE.value,
-      decode_repeats=DECODE_REPEATS.value, beam_size=BEAM_SIZE.value, peak_tflops=PEAK_TFLOPS.value)
+      decode_repeats=DECODE_REPEATS.value, beam_size=BEAM_SIZE.value, peak_tflops=PEAK_TFLOPS.value,
+      profile_dir=PROFILE_DIR.value)
   print(summary(report))
   if OUT.value:
     Path(OUT.value).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,44 @@
+"""scripts/profile_summary.py on hand-made traces: which events count, and their shares."""
+
+import gzip
+import json
+
+import pytest
+
+from scripts import profile_summary
+
+
+def metadata(kind, pid, name, tid=None):
+  event = {'ph': 'M', 'name': kind, 'pid': pid, 'args': {'name': name}}
+  if tid is not None:
+    event['tid'] = tid
+  return event
+
+
+def op(name, pid, tid, microseconds):
+  return {'ph': 'X', 'name': name, 'pid': pid, 'tid': tid, 'ts': 0, 'dur': microseconds}
+
+
+def test_a_device_trace_counts_its_xla_ops_line_once_and_leaves_the_host_out():
+  events = [metadata('process_name', 1, '/host:CPU'), metadata('process_name', 2, '/device:GPU:0'),
+            metadata('thread_name', 2, 'XLA Ops', tid=7), metadata('thread_name', 2, 'Stream #13', tid=8),
+            op('fusion.1', 2, 7, 3000), op('dot.2', 2, 7, 1000), op('fusion.1', 2, 7, 1000),
+            op('sm90_gemm_kernel', 2, 8, 4000),  # the same time again, as a kernel
+            op('PjitFunction(step)', 1, 1, 9000)]
+  rows = profile_summary.top_operations(events, 5)
+  assert [(name, round(seconds, 6)) for name, seconds, _ in rows] == [('fusion.1', 0.004),
+                                                                       ('dot.2', 0.001)]
+  assert [share for _, _, share in rows] == pytest.approx([0.8, 0.2])
+
+
+def test_a_cpu_trace_counts_the_hosts_events_without_python_frames(tmp_path):
+  events = [metadata('process_name', 1, '/host:CPU'), op('ynn_fusion', 1, 1, 600),
+            op('$profiler.py:307 trace', 1, 1, 5000), op('copy_fusion', 1, 2, 200)]
+  folder = tmp_path / 'plugins' / 'profile' / 'run'
+  folder.mkdir(parents=True)
+  with gzip.open(folder / 'perfetto_trace.json.gz', 'wt') as file:
+    json.dump({'traceEvents': events}, file)
+  rows = profile_summary.top_operations(profile_summary.read_events(str(tmp_path)), 1)
+  assert rows == [('ynn_fusion', pytest.approx(0.0006), pytest.approx(0.75))]
+  with pytest.raises(FileNotFoundError, match='holds no perfetto_trace.json.gz'):
+    profile_summary.read_events(str(tmp_path / 'plugins' / 'profile' / 'none'))
