@@ -29,7 +29,7 @@ import numpy as np
 from data import datasets
 from training import config_checks, partitioning, run_dir, run_log, stop_signals, train_state
 from training import trainer
-from training.stepping import TrainStep, compiled_step_functions, dropout_key, _shape
+from training.stepping import TrainStep, batch_shape, compiled_step_functions, dropout_key
 
 
 def check_members(config: ml_collections.ConfigDict, workdirs: list[str], seeds: list[int]) -> None:
@@ -86,7 +86,7 @@ def train_seeds_together(config: ml_collections.ConfigDict, workdirs: list[str],
     try:
       console = run_log.Console() if jax.process_index() == 0 else None
       for index, (member_config, workdir) in enumerate(zip(configs, workdirs)):
-        runs.append(trainer._set_up(member_config, data, workdir, changes[index], console=console,
+        runs.append(trainer.set_up(member_config, data, workdir, changes[index], console=console,
                                     label=f'seed {seeds[index]}: ', draws_bar=index == 0))
       return _Group(runs, seeds, console).train(stop_after_steps)
     except BaseException:
@@ -109,7 +109,7 @@ class MemberStep(TrainStep):
   """TrainStep over members: the vmapped step for batches of one shape, and one member's step on
   its slice of the stacked state for a step whose members' batches differ in shape."""
 
-  def __init__(self, config: ml_collections.ConfigDict, run: 'trainer._Run', seeds: list[int],
+  def __init__(self, config: ml_collections.ConfigDict, run: 'trainer.Run', seeds: list[int],
                mesh, clocks):
     """`run`: any member (its model, step counts and slicing); `clocks`: what compiling pauses."""
     self._mesh, self._clock = mesh, clocks
@@ -143,7 +143,7 @@ class MemberStep(TrainStep):
     """Trains each member's batches (member_batches[i]: its next n, in order); returns the stacked
     states and windows."""
     steps = len(member_batches[0])
-    shapes = {_shape(batch) for batches in member_batches for batch in batches}
+    shapes = {batch_shape(batch) for batches in member_batches for batch in batches}
     if steps == self.steps_per_call > 1 and len(shapes) == 1:
       stacked = {name: np.stack([np.stack([batch[name] for batch in batches])
                                  for batches in member_batches]) for name in member_batches[0][0]}
@@ -153,17 +153,17 @@ class MemberStep(TrainStep):
                              stacked['encoder_input_tokens'].shape[-1]), length)
     for at in range(steps):
       batches = [member[at] for member in member_batches]
-      if len({_shape(batch) for batch in batches}) == 1:
+      if len({batch_shape(batch) for batch in batches}) == 1:
         stacked = {name: np.stack([batch[name] for batch in batches]) for name in batches[0]}
         states, windows = self._dispatch(
             self._jitted_members, states, windows,
             partitioning.global_batch(stacked, self._mesh, stacked_axes=1),
-            ('seeds', len(batches), *_shape(batches[0])), length)
+            ('seeds', len(batches), *batch_shape(batches[0])), length)
         continue
       for index, batch in enumerate(batches):
         states, windows = self._dispatch(
             self._jitted_one, states, windows, partitioning.global_batch(batch, self._mesh),
-            ('one seed', *_shape(batch)), length, np.int32(index))
+            ('one seed', *batch_shape(batch)), length, np.int32(index))
     return states, windows
 
 
@@ -207,7 +207,7 @@ class _Group:
     try:
       while self.runs and self.runs[0].progress.step < self.runs[0].progress.total_steps:
         lead = self.runs[0]
-        steps = min(self.step.steps_per_call, trainer._steps_before_a_pause(lead, stop_after_steps))
+        steps = min(self.step.steps_per_call, trainer.steps_before_a_pause(lead, stop_after_steps))
         member_batches = [[next(run.train_iter) for _ in range(steps)] for run in self.runs]
         for run, batches in zip(self.runs, member_batches):
           run.epochs.before_steps(run.progress, [int(batch.pop('epoch')) for batch in batches])
@@ -237,7 +237,7 @@ class _Group:
       run.window.settle()
       if run.progress.step % run.train_iter.batches_per_epoch == 0:
         run.epochs.finish(run.progress)
-      trainer._write_status(run, 'finished', step=run.progress.step)
+      trainer.write_status(run, 'finished', step=run.progress.step)
       run.say(f'finished at step {run.progress.step} in '
               f'{run.clock.invocation_seconds() / 60:.1f} min; run folder {run.workdir}')
       finished[self.seeds[index]] = _take(self.states, index)
@@ -252,17 +252,17 @@ class _Group:
       state = _take(self.states, index)
       try:
         run.report(run.progress)
-        trainer._validate_and_save(run, state)
+        trainer.validate_and_save(run, state)
         if signum is not None and not run.progress.at_end:
           run.checkpointing.save_on_stop(run.progress, state, run.window)
       except run_log.DivergenceError as error:
-        trainer._write_status(run, 'diverged', step=error.step, message=str(error))
+        trainer.write_status(run, 'diverged', step=error.step, message=str(error))
         run.say(f'diverged: {error}')
         run.checkpointer.close()
         run.writer.close()
         diverged.append(index)
       except BaseException as error:
-        trainer._write_status(run, 'failed', step=run.progress.step,
+        trainer.write_status(run, 'failed', step=run.progress.step,
                               message=f'{type(error).__name__}: {error}')
         raise
       seconds = time.perf_counter() - start
@@ -272,7 +272,7 @@ class _Group:
     if signum is not None:
       stopped = stop_signals.RunStopped(signum, self.runs[0].progress.step, saved=True)
       for run in self.runs:
-        trainer._write_status(run, 'stopped', step=run.progress.step, message=str(stopped))
+        trainer.write_status(run, 'stopped', step=run.progress.step, message=str(stopped))
       raise stopped
     kept = [index for index in range(len(self.runs)) if index not in diverged]
     if diverged:

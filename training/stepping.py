@@ -104,11 +104,11 @@ class TrainStep:
                  for name in local_batches[0]}
       return self._dispatch(self._jitted_group, state, window,
                             partitioning.global_batch(stacked, self._mesh, stacked_axes=1),
-                            (len(local_batches), *_shape(local_batches[0])), length)
+                            (len(local_batches), *batch_shape(local_batches[0])), length)
     for local_batch in local_batches:
       state, window = self._dispatch(self._jitted, state, window,
                                      partitioning.global_batch(local_batch, self._mesh),
-                                     _shape(local_batch), length)
+                                     batch_shape(local_batch), length)
     return state, window
 
   def _dispatch(self, jitted, state, window, batch, shape: tuple, length, *more):
@@ -165,7 +165,7 @@ def dropout_key(seed: int):
   return jax.random.PRNGKey(seed + 1)
 
 
-def _shape(local_batch: dict) -> tuple[int, ...]:
+def batch_shape(local_batch: dict) -> tuple[int, ...]:
   """[B, T, S]: rows, target and source length of a padded batch."""
   return (tuple(local_batch['decoder_input_tokens'].shape)
           + local_batch['encoder_input_tokens'].shape[1:])
@@ -193,7 +193,7 @@ class BatchGroups:
       if self._waiting is None:
         self._waiting_from = self._iterator.get_state()
         self._waiting = next(self._iterator)
-      if group and _shape(self._waiting) != _shape(group[0]):
+      if group and batch_shape(self._waiting) != batch_shape(group[0]):
         break
       group.append(self._waiting)
       self._waiting = None

@@ -65,7 +65,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     first_start = not run_dir.path(workdir, run_dir.CONFIG_FILE).exists()
     run = None
     try:
-      run = _set_up(config, data, workdir, changes)
+      run = set_up(config, data, workdir, changes)
       return _train(run, stop_after_steps)
     except BaseException:
       if first_start and (run is None or not run.progress.steps_this_run) and (
@@ -75,8 +75,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 @dataclasses.dataclass
-class _Run:
-  """What the loop works with, made once by `_set_up` (and `_restore` on resume)."""
+class Run:
+  """What the loop works with, made once by `set_up` (and `_restore` on resume)."""
   config: ml_collections.ConfigDict
   workdir: str
   is_primary: bool
@@ -102,7 +102,7 @@ class _Run:
   epochs: actions.EpochClock
 
 
-def _train(run: _Run, stop_after_steps: int | None) -> train_state.TrainState:
+def _train(run: Run, stop_after_steps: int | None) -> train_state.TrainState:
   """The loop: step, then hand the step to the periodic actions, until the run's last step."""
   progress, state = run.progress, run.state
   # From here on SIGTERM and SIGINT stop the run at the end of a step (before, they end it at once).
@@ -111,7 +111,7 @@ def _train(run: _Run, stop_after_steps: int | None) -> train_state.TrainState:
   signals.install()
   try:
     while progress.step < progress.total_steps:
-      batches = run.batches.take(_steps_before_a_pause(run, stop_after_steps))
+      batches = run.batches.take(steps_before_a_pause(run, stop_after_steps))
       run.epochs.before_steps(progress, [int(batch.pop('epoch')) for batch in batches])
       state, run.window.sums = run.train_step(state, run.window.sums, batches, run.schedule.argument)
       progress.step += len(batches)
@@ -119,7 +119,7 @@ def _train(run: _Run, stop_after_steps: int | None) -> train_state.TrainState:
       run.budget.ends_early(progress, run.clock, run.schedule)
       run.report(progress)
       run.budget.after_report(progress.step, run.clock.paused)
-      _validate_and_save(run, state)
+      validate_and_save(run, state)
       if stop_after_steps is not None and progress.steps_this_run >= stop_after_steps:
         run.checkpointer.wait_until_finished()
         return state
@@ -132,13 +132,13 @@ def _train(run: _Run, stop_after_steps: int | None) -> train_state.TrainState:
       run.epochs.finish(progress)
   except run_log.DivergenceError as error:
     logging.info('%s', error)  # train.log; train.py prints it once
-    _write_status(run, 'diverged', step=error.step, message=str(error))
+    write_status(run, 'diverged', step=error.step, message=str(error))
     raise
   except stop_signals.RunStopped as stopped:
-    _write_status(run, 'stopped', step=stopped.step, message=str(stopped))
+    write_status(run, 'stopped', step=stopped.step, message=str(stopped))
     raise
   except BaseException as error:
-    _write_status(run, 'failed', step=progress.step, message=f'{type(error).__name__}: {error}')
+    write_status(run, 'failed', step=progress.step, message=f'{type(error).__name__}: {error}')
     raise
   finally:
     signals.uninstall()
@@ -146,7 +146,7 @@ def _train(run: _Run, stop_after_steps: int | None) -> train_state.TrainState:
     run.writer.close()
     if run.console:
       run.console.close()
-  _write_status(run, 'finished', step=progress.step)
+  write_status(run, 'finished', step=progress.step)
   best_step = run.checkpointer.best_step()
   minutes = run.config.train.time_budget_minutes
   run.say(f'finished at step {progress.step} in {run.clock.invocation_seconds() / 60:.1f} min'
@@ -155,7 +155,7 @@ def _train(run: _Run, stop_after_steps: int | None) -> train_state.TrainState:
   return state
 
 
-def _steps_before_a_pause(run: _Run, stop_after_steps: int | None) -> int:
+def steps_before_a_pause(run: Run, stop_after_steps: int | None) -> int:
   """Steps to the next one after which the loop must act (a record, validation, checkpoint, time
   budget plan, the run's end), so that a group of steps in one dispatch never passes it."""
   progress = run.progress
@@ -169,7 +169,7 @@ def _steps_before_a_pause(run: _Run, stop_after_steps: int | None) -> int:
   return steps
 
 
-def _validate_and_save(run: _Run, state: train_state.TrainState) -> None:
+def validate_and_save(run: Run, state: train_state.TrainState) -> None:
   """The pause after a step: validation, a budget's plan and a checkpoint, where each is due.
 
   A budgeted run validates and saves at the end of warmup as well, to time both for its first plan;
@@ -215,14 +215,14 @@ def _validate_and_save(run: _Run, state: train_state.TrainState) -> None:
     run.eta.save_seconds = save_seconds
 
 
-def _write_status(run: _Run, state: str, **fields) -> None:
+def write_status(run: Run, state: str, **fields) -> None:
   if run.is_primary:
     run_log.write_status(run.workdir, state, **fields)
 
 
-def _set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: str,
+def set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: str,
             changes: dict, *, console: run_log.Console | None = None, label: str = '',
-            draws_bar: bool = True) -> _Run:
+            draws_bar: bool = True) -> Run:
   """Writes the run's config, prepares data, model and state (restored if the run has checkpoints),
   and makes the periodic actions; says what it made.
 
@@ -302,7 +302,7 @@ def _set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir:
   budget.start(step, clock.paused)
   eta = actions.Eta(clock, eval_every=config.train.eval_every,
                     checkpoint_every=config.train.checkpoint_every)
-  return _Run(
+  return Run(
       config=config, workdir=workdir, is_primary=is_primary, console=bar, say=say,
       train_iter=train_iter, batches=batches, model=model, steps=steps, state=state, checkpointer=checkpointer, writer=writer,
       progress=progress, clock=clock, window=window, schedule=schedule, train_step=train_step,
