@@ -203,7 +203,6 @@ class _Group:
     signals = stop_signals.StopSignals(multiprocess=jax.process_count() > 1,
                                        say=self.console.line if self.console else None)
     signals.install()
-    finished = {}
     try:
       while self.runs and self.runs[0].progress.step < self.runs[0].progress.total_steps:
         lead = self.runs[0]
@@ -221,11 +220,15 @@ class _Group:
           run.progress.steps_this_run += steps
         signum = signals.requested(lead.progress.step)
         if _at_a_pause(lead) or signum is not None or stop_after_steps is not None:
-          self._act(signum, stop_after_steps)
+          self._act(signum)
           if stop_after_steps is not None and lead.progress.steps_this_run >= stop_after_steps:
             for run in self.runs:
               run.checkpointer.wait_until_finished()
             return [_take(self.states, index) for index in range(len(self.runs))]
+      for run in self.runs:
+        run.window.settle()
+        if run.progress.step % run.train_iter.batches_per_epoch == 0:
+          run.epochs.finish(run.progress)
     finally:
       signals.uninstall()
       for run in self.runs:
@@ -233,17 +236,13 @@ class _Group:
         run.writer.close()
       if self.console:
         self.console.close()
-    for index, run in enumerate(self.runs):
-      run.window.settle()
-      if run.progress.step % run.train_iter.batches_per_epoch == 0:
-        run.epochs.finish(run.progress)
+    for run in self.runs:
       trainer.write_status(run, 'finished', step=run.progress.step)
       run.say(f'finished at step {run.progress.step} in '
               f'{run.clock.invocation_seconds() / 60:.1f} min; run folder {run.workdir}')
-      finished[self.seeds[index]] = _take(self.states, index)
-    return [finished[seed] for seed in sorted(finished, key=self.seeds.index)]
+    return [_take(self.states, index) for index in range(len(self.runs))]
 
-  def _act(self, signum: int | None, stop_after_steps: int | None) -> None:
+  def _act(self, signum: int | None) -> None:
     """Each member's periodic actions on its slice; a divergence drops that member."""
     diverged = []
     for index, run in enumerate(self.runs):
