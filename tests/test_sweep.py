@@ -241,8 +241,9 @@ def test_a_workdir_holds_one_sweep(tmp_path):
   assert sweeps.read_sweep_json(str(tmp_path))['extra_args'] == ['--config.train.num_steps=9']
 
 
-def test_sweep_trains_its_runs_then_skips_finished_ones_and_resumes_a_killed_one(tmp_path, data_cache):
-  spec = write_sweep(tmp_path, f"""
+def write_two_seed_sweep(tmp_path, data_cache):
+  """Seeds 0 and 1 of the smoke model, 4 steps of packed rows, a checkpoint every 2."""
+  return write_sweep(tmp_path, f"""
       def get_config():
         config = smoke.get_config()
         config.data.update(cache_dir={str(data_cache)!r}, eval_examples=8, pack_length=32)
@@ -253,6 +254,10 @@ def test_sweep_trains_its_runs_then_skips_finished_ones_and_resumes_a_killed_one
         for seed in (0, 1):
           yield {{'train.seed': seed}}
       """)
+
+
+def test_sweep_trains_its_runs_then_skips_finished_ones_and_resumes_a_killed_one(tmp_path, data_cache):
+  spec = write_two_seed_sweep(tmp_path, data_cache)
   workdir = tmp_path / 'sweep'
   result = run_sweep_cli(spec, f'--workdir={workdir}')
   assert result.returncode == 0, result.stdout + result.stderr
@@ -280,17 +285,7 @@ def test_sweep_trains_its_runs_then_skips_finished_ones_and_resumes_a_killed_one
 
 def test_seeds_together_train_a_points_seeds_in_one_process_each_in_its_own_folder(
     tmp_path, data_cache):
-  spec = write_sweep(tmp_path, f"""
-      def get_config():
-        config = smoke.get_config()
-        config.data.update(cache_dir={str(data_cache)!r}, eval_examples=8, pack_length=32)
-        config.train.update(num_steps=4, log_every=2, eval_every=4, checkpoint_every=2)
-        return config
-
-      def sweep():
-        for seed in (0, 1):
-          yield {{'train.seed': seed}}
-      """)
+  spec = write_two_seed_sweep(tmp_path, data_cache)
   workdir = tmp_path / 'sweep'
   dry = run_sweep_cli(spec, f'--workdir={workdir}', '--seeds_together', '--dry_run')
   [command] = dry.stdout.strip().splitlines()
