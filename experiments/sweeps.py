@@ -229,9 +229,12 @@ def seed_groups(runs: list[Run]) -> list[list[Run]]:
   return list(groups.values())
 
 
-def seeds_together_args(runs: list[Run]) -> tuple[str, ...]:
-  """train.py's arguments that train `runs`, one point's seeds, as one program (--seeds): the
-  first run's, its seed left out and its folder a template whose '{seed}' each seed fills in."""
+def train_args(runs: list[Run]) -> tuple[str, ...]:
+  """train.py's arguments that train `runs`: one run's own, or one point's seeds as one program
+  (--seeds): the first run's, its seed left out and its folder a template whose '{seed}' each
+  seed fills in."""
+  if len(runs) == 1:
+    return runs[0].args
   first = runs[0]
   seed = first.overrides[SEED_FIELD]
   suffix = f'={_name_value(seed)}'

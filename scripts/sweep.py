@@ -127,10 +127,7 @@ def execute(runs: list[sweeps.Run], workdir: str, labels: list[str], forwarder: 
   pending = [index for index, action in enumerate(actions) if action != 'skip']
   if not pending:
     return [sweeps.read_status(run_dir)['state'] for run_dir in run_dirs]
-  if len(pending) == 1:
-    args = runs[pending[0]].args
-  else:
-    args = sweeps.seeds_together_args([runs[index] for index in pending])
+  args = sweeps.train_args([runs[index] for index in pending])
   log_path = run_dir_lib.path(run_dirs[pending[0]], run_dir_lib.LOG_FILE)
   for index in pending:
     epath.Path(run_dirs[index]).mkdir(parents=True, exist_ok=True)
@@ -189,11 +186,16 @@ def check_modes() -> None:
                      '(--slurm_nodes trains one run over several nodes)')
 
 
+def _units(runs: list[sweeps.Run]) -> list[list[sweeps.Run]]:
+  """What each train.py trains: one run, or with --seeds_together one point's seeds."""
+  return sweeps.seed_groups(runs) if SEEDS_TOGETHER.value else [[run] for run in runs]
+
+
 def train_here(runs: list[sweeps.Run], workdir: str) -> collections.Counter:
   """Each run in a train.py subprocess, in turn; stops the sweep on SIGTERM or SIGINT."""
   forwarder = Forwarder()
   states = collections.Counter()
-  units = sweeps.seed_groups(runs) if SEEDS_TOGETHER.value else [[run] for run in runs]
+  units = _units(runs)
   done = 0
   for unit in units:
     labels = [f'[{done + i}/{len(runs)}] {run.name}' for i, run in enumerate(unit, 1)]
@@ -265,10 +267,8 @@ def main(argv: list[str]) -> None:
   except ValueError as error:
     raise SystemExit(f'sweep.py: {error}') from None
   if DRY_RUN.value:
-    units = sweeps.seed_groups(share) if SEEDS_TOGETHER.value else [[run] for run in share]
-    for unit in units:
-      args = unit[0].args if len(unit) == 1 else sweeps.seeds_together_args(unit)
-      print(shlex.join(['python', os.path.relpath(sweeps.TRAIN_SCRIPT), *args]))
+    for unit in _units(share):
+      print(shlex.join(['python', os.path.relpath(sweeps.TRAIN_SCRIPT), *sweeps.train_args(unit)]))
     return
   if LAUNCHER.value == 'slurm':
     submit_to_slurm(share, workdir)
