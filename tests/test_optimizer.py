@@ -19,6 +19,11 @@ def _optim(**overrides):
   return optim
 
 
+def make_schedule(optim, **lengths):
+  """The learning-rate schedule that make_optimizer drives its optimizer with."""
+  return optimizer.make_optimizer(optim, **lengths)[1]
+
+
 def _evaluate(schedule, steps):
   # optax calls the schedule with an int32 count inside jit; do the same.
   return np.asarray(jax.jit(jax.vmap(schedule))(jnp.asarray(steps, jnp.int32)))
@@ -52,10 +57,10 @@ def _reference(name, steps, *, warmup, total, steps_per_epoch=10, decay_epochs=(
 def test_schedule_matches_closed_form(name, warmup, length_traced):
   optim = _optim(schedule=name, warmup_steps=warmup, decay_epochs=(2, 5), decay_factor=0.5)
   if length_traced:  # as in the trainer's compiled step, which takes the run's length as an argument
-    values = jax.jit(lambda length: jax.vmap(optimizer.make_schedule(
+    values = jax.jit(lambda length: jax.vmap(make_schedule(
         optim, steps_per_epoch=10, total_steps=length))(jnp.asarray(STEPS, jnp.int32)))(110)
   else:
-    values = _evaluate(optimizer.make_schedule(optim, steps_per_epoch=10, total_steps=110), STEPS)
+    values = _evaluate(make_schedule(optim, steps_per_epoch=10, total_steps=110), STEPS)
   np.testing.assert_allclose(np.asarray(values), _reference(name, STEPS, warmup=warmup, total=110),
                              rtol=1e-5, atol=1e-9)
 
@@ -67,9 +72,9 @@ def test_a_fixed_run_length_as_the_compiled_step_takes_it_is_the_int_lengths_sch
   arithmetic differently: linear's warmup differs in the last bit on this CPU)."""
   optim = _optim(schedule=name, warmup_steps=10, decay_epochs=(2, 5), decay_factor=0.5)
   counts = jnp.arange(120, dtype=jnp.int32)
-  by_int = jax.jit(lambda length: jax.vmap(optimizer.make_schedule(
+  by_int = jax.jit(lambda length: jax.vmap(make_schedule(
       optim, steps_per_epoch=10, total_steps=length))(counts))(jnp.int32(110))
-  by_run_length = jax.jit(lambda length: jax.vmap(optimizer.make_schedule(
+  by_run_length = jax.jit(lambda length: jax.vmap(make_schedule(
       optim, steps_per_epoch=10, total_steps=length))(counts))(
           optimizer.RunLength(*(jnp.float32(value) for value in optimizer.RunLength.fixed(110))))
   np.testing.assert_allclose(np.asarray(by_run_length), np.asarray(by_int), rtol=1e-6, atol=0)
@@ -88,17 +93,17 @@ def test_a_revised_run_length_moves_the_rest_of_the_decay_onto_the_steps_left(na
   length = optimizer.RunLength.fixed(110).revised(40, new_end)
   assert length == (110, 40, 40.0, new_end)
   counts = np.arange(40, new_end + 5)
-  values = _evaluate(optimizer.make_schedule(optim, steps_per_epoch=None, total_steps=length), counts)
+  values = _evaluate(make_schedule(optim, steps_per_epoch=None, total_steps=length), counts)
   position = 40 + (counts - 40) * (110 - 40) / (new_end - 40)  # where the old schedule is
   np.testing.assert_allclose(values, _reference(name, position, warmup=10, total=110),
                              rtol=1e-5, atol=1e-9)
-  old = _evaluate(optimizer.make_schedule(optim, steps_per_epoch=None, total_steps=110), [40])
+  old = _evaluate(make_schedule(optim, steps_per_epoch=None, total_steps=110), [40])
   assert values[0] == old[0] and values[new_end - 40] < 1e-7 * PEAK and np.all(np.diff(values) <= 0)
   # A second revision goes on from where the first one had brought the schedule.
   again = length.revised(60, 70)
   assert again.revised_from == pytest.approx(40 + 20 * 70 / (new_end - 40))
-  after = _evaluate(optimizer.make_schedule(optim, steps_per_epoch=None, total_steps=again), [60, 70])
-  before = _evaluate(optimizer.make_schedule(optim, steps_per_epoch=None, total_steps=length), [60])
+  after = _evaluate(make_schedule(optim, steps_per_epoch=None, total_steps=again), [60, 70])
+  before = _evaluate(make_schedule(optim, steps_per_epoch=None, total_steps=length), [60])
   assert after[0] == pytest.approx(before[0], rel=1e-6) and after[1] < 1e-7 * PEAK
   with pytest.raises(ValueError, match='must end after it'):
     length.revised(60, 60)
@@ -109,12 +114,12 @@ def test_a_revised_run_length_leaves_schedules_that_do_not_end_alone():
   length = optimizer.RunLength.fixed(110).revised(40, 200)
   counts = np.arange(0, 200, 7)
   assert np.array_equal(
-      _evaluate(optimizer.make_schedule(optim, steps_per_epoch=None, total_steps=length), counts),
-      _evaluate(optimizer.make_schedule(optim, steps_per_epoch=None, total_steps=110), counts))
+      _evaluate(make_schedule(optim, steps_per_epoch=None, total_steps=length), counts),
+      _evaluate(make_schedule(optim, steps_per_epoch=None, total_steps=110), counts))
 
 
 def test_inverse_sqrt_is_fairseq_after_warmup():
-  schedule = optimizer.make_schedule(
+  schedule = make_schedule(
       _optim(schedule='inverse_sqrt', warmup_steps=4000), steps_per_epoch=None,
       total_steps=10)
   np.testing.assert_allclose(
@@ -126,7 +131,7 @@ def test_inverse_sqrt_is_fairseq_after_warmup():
 def test_a_fixed_inverse_sqrt_scale_decays_the_same_after_any_warmup(warmup):
   # P * sqrt(w / (t - W + w)) with w fixed at 4000: warmup 4000 is fairseq's P * sqrt(4000 / t);
   # a shorter warmup follows the same curve shifted by the warmup it left out.
-  schedule = optimizer.make_schedule(
+  schedule = make_schedule(
       _optim(schedule='inverse_sqrt', warmup_steps=warmup, inverse_sqrt_scale=4000),
       steps_per_epoch=None, total_steps=10)
   after = np.array([0, 3000, 12000, 60000])
@@ -136,13 +141,13 @@ def test_a_fixed_inverse_sqrt_scale_decays_the_same_after_any_warmup(warmup):
 
 @pytest.mark.parametrize('name', ['inverse_sqrt', 'cosine', 'linear', 'constant', 'step'])
 def test_no_warmup_starts_at_peak(name):
-  schedule = optimizer.make_schedule(
+  schedule = make_schedule(
       _optim(schedule=name, warmup_steps=0), steps_per_epoch=10, total_steps=100)
   assert _evaluate(schedule, np.array([0]))[0] == pytest.approx(PEAK, rel=1e-6)
 
 
 def test_step_decays_at_epoch_boundaries():
-  schedule = optimizer.make_schedule(
+  schedule = make_schedule(
       _optim(schedule='step', warmup_steps=5, decay_epochs=(2, 5), decay_factor=0.1),
       steps_per_epoch=100, total_steps=1000)
   np.testing.assert_allclose(
@@ -152,25 +157,22 @@ def test_step_decays_at_epoch_boundaries():
 
 def test_step_decay_needs_steps_per_epoch():
   with pytest.raises(ValueError, match='steps_per_epoch'):
-    optimizer.make_schedule(
+    make_schedule(
         _optim(schedule='step', decay_epochs=(3,)), steps_per_epoch=None, total_steps=100)
 
 
 @pytest.mark.parametrize('name', ['cosine', 'linear'])
 def test_decay_to_zero_needs_steps_after_warmup(name):
   with pytest.raises(ValueError, match='warmup_steps=100'):
-    optimizer.make_schedule(
+    make_schedule(
         _optim(schedule=name, warmup_steps=100), steps_per_epoch=None, total_steps=100)
 
 
-@pytest.mark.parametrize('field, factory', [
-    ('schedule', optimizer.make_schedule),
-    ('optimizer', optimizer.make_optimizer),
-])
-def test_unknown_name_lists_valid_ones(field, factory):
+@pytest.mark.parametrize('field', ['schedule', 'optimizer'])
+def test_unknown_name_lists_valid_ones(field):
   optim = _optim(**{field: 'foo'})
   with pytest.raises(ValueError, match=rf"config\.optim\.{field}='foo' is not one of: ") as err:
-    factory(optim, steps_per_epoch=None, total_steps=100)
+    optimizer.make_optimizer(optim, steps_per_epoch=None, total_steps=100)
   valid = {'schedule': 'constant, cosine, inverse_sqrt, linear, step',
            'optimizer': 'adam, adamw, sgd'}[field]
   assert valid in str(err.value)

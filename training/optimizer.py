@@ -93,7 +93,7 @@ def _cosine(optim, decay_steps, steps_per_epoch):
   peak = optim.learning_rate
 
   # optax.cosine_decay_schedule's expression (alpha 0, exponent 1): optax checks decay_steps > 0
-  # when the schedule is made, which a traced length cannot answer (make_schedule checks it).
+  # when the schedule is made, which a traced length cannot answer (_make_schedule checks it).
   # The length becomes an array only when the schedule is called: making an optimizer (config
   # checks) must not start a JAX backend before eval.py has chosen its CPU devices.
   def schedule(count):
@@ -170,8 +170,9 @@ _OPTIMIZERS = {
 }
 
 
-def make_schedule(
+def _make_schedule(
     optim_config: ml_collections.ConfigDict,
+    build_decay: _DecayBuilder,
     *,
     steps_per_epoch: int | None,
     total_steps: int | jax.Array | RunLength,
@@ -180,6 +181,7 @@ def make_schedule(
 
   Args:
     optim_config: `config.optim`.
+    build_decay: `_SCHEDULES[optim_config.schedule]`.
     steps_per_epoch: Optimizer steps in one pass over the training split; only
       the 'step' schedule with `decay_epochs` needs it, so None is fine otherwise.
     total_steps: Optimizer steps of the whole run; 'cosine' and 'linear' reach 0
@@ -193,13 +195,12 @@ def make_schedule(
     An optax schedule, jit-compatible.
 
   Raises:
-    ValueError: for an unknown `optim.schedule`, a negative warmup, a decaying
+    ValueError: for a negative warmup, a decaying
       schedule no longer than its warmup, or 'step' decay without steps_per_epoch.
   """
   length = total_steps if isinstance(total_steps, RunLength) else None
   if length is not None:
     total_steps = length.horizon
-  build_decay = lookup(_SCHEDULES, optim_config.schedule, 'config.optim.schedule')
   warmup_steps = optim_config.warmup_steps
   if warmup_steps < 0:
     raise ValueError(f'config.optim.warmup_steps={warmup_steps} must be >= 0.')
@@ -237,8 +238,8 @@ def make_optimizer(
 
   Args:
     optim_config: `config.optim`.
-    steps_per_epoch: See `make_schedule`.
-    total_steps: See `make_schedule`.
+    steps_per_epoch: See `_make_schedule`.
+    total_steps: See `_make_schedule`.
 
   Returns:
     `(tx, schedule)`: global-norm clipping (when `optim.clip_norm > 0`) chained
@@ -249,6 +250,7 @@ def make_optimizer(
       decay on an optimizer other than 'adamw', or a negative `clip_norm`.
   """
   build_optimizer = lookup(_OPTIMIZERS, optim_config.optimizer, 'config.optim.optimizer')
+  build_decay = lookup(_SCHEDULES, optim_config.schedule, 'config.optim.schedule')
   if optim_config.weight_decay and optim_config.optimizer != 'adamw':
     raise ValueError(
         f'config.optim.weight_decay={optim_config.weight_decay} is decoupled weight'
@@ -257,8 +259,8 @@ def make_optimizer(
   if optim_config.clip_norm < 0:
     raise ValueError(
         f'config.optim.clip_norm={optim_config.clip_norm} must be >= 0 (0 disables).')
-  schedule = make_schedule(
-      optim_config, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
+  schedule = _make_schedule(
+      optim_config, build_decay, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
   tx = build_optimizer(optim_config, schedule)
   if optim_config.clip_norm > 0:
     tx = optax.chain(optax.clip_by_global_norm(optim_config.clip_norm), tx)
