@@ -38,6 +38,7 @@ source rows in cross-attention), so neither cache is ever copied.
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from model import decoding, masks
 from model.blocks import PLACEMENTS, DecoderLayer, EncoderLayer
@@ -92,6 +93,15 @@ def _segments_and_positions(tokens, segment_ids, positions):
 
 class Transformer(nn.Module):
   config: ModelConfig
+
+  @classmethod
+  def of(cls, model_config: ml_collections.ConfigDict, vocab_size: int,
+         target_vocab_size: int | None = None) -> 'Transformer':
+    """The model of `config.model` for `vocab_size` source tokens and `target_vocab_size` target
+    tokens (by default the same: a joint vocabulary)."""
+    return cls(ModelConfig.from_config(
+        model_config, source_vocab_size=vocab_size,
+        target_vocab_size=vocab_size if target_vocab_size is None else target_vocab_size))
 
   def setup(self):
     cfg = self.config

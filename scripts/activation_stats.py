@@ -47,7 +47,7 @@ from data import tokenizer as tokenizer_lib
 from model import norms
 from model.blocks import DecoderLayer, EncoderLayer
 from model.transformer import Transformer
-from training import command_line, run_log, train_state
+from training import command_line, run_log
 
 # Placement name -> (config.model.norm_position, whether norms are applied). Without norms 'post'
 # and 'pre' wire alike (x + f(x)); 'pre' is the one used.
@@ -102,9 +102,9 @@ def measure(config: ml_collections.ConfigDict, vocab_size: int, batch: dict, *, 
   for placement, (norm_position, apply_norms) in PLACEMENTS.items():
     results[placement] = {}
     for residual_name, residual in RESIDUAL.items():
-      model = train_state.build_model(experiment.with_model(
+      model = Transformer.of(experiment.with_model(
           config, norm_position=norm_position, residual=residual, num_encoder_layers=num_layers,
-          num_decoder_layers=num_layers), vocab_size)
+          num_decoder_layers=num_layers).model, vocab_size)
       per_seed = [
           jax.device_get(stream_variances(model, experiment.init_variables(model, seed), batch,
                                           apply_norms))

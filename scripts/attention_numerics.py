@@ -19,6 +19,7 @@ import optax
 
 from model import losses
 from model.special_tokens import EOS_ID, PAD_ID
+from model.transformer import Transformer
 from scripts.benchmark import synthetic_batch  # also defines --config
 from training import command_line, run_log, train_state
 
@@ -45,7 +46,7 @@ def loss_grad_norm_logits(config, dtype: str, attention_impl: str,
   """Mean NLL over real target tokens, the global gradient norm, and float32 logits [B, T, V]."""
   config = config.copy_and_resolve_references()
   config.model.update(dtype=dtype, attention_impl=attention_impl)
-  model = train_state.build_model(config, config.data.vocab_size)
+  model = Transformer.of(config.model, config.data.vocab_size)
   params = train_state.create_train_state(model, optax.sgd(0.0), seed=0).params
 
   def loss_fn(params):

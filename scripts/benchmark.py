@@ -30,6 +30,7 @@ import numpy as np
 from data import tokenizer as tokenizer_lib
 from model import flops as flops_lib
 from model import translate as translate_lib
+from model.transformer import Transformer
 from scripts import profile_summary
 from scripts.timing import cpu_matmul_gflops, median_seconds
 from training import command_line, run_log, train_state
@@ -86,7 +87,7 @@ def _compiled(jitted, *args):
 def benchmark_training(config, vocab_size: int, batch_size: int, source_length: int,
                        target_length: int, steps: int, warmup: int,
                        profile_dir: str | None = None) -> dict:
-  model = train_state.build_model(config, vocab_size)
+  model = Transformer.of(config.model, vocab_size)
   tx, _ = make_optimizer(config.optim, steps_per_epoch=1000, total_steps=max(config.train.num_steps, 1))
   state = train_state.create_train_state(model, tx, config.train.seed)
   batch = jax.device_put(synthetic_batch(batch_size, source_length, target_length, vocab_size))

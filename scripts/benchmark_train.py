@@ -36,6 +36,7 @@ from configs import multi30k
 from data import datasets, pipeline, vocabularies as vocabularies_lib
 from model import flops
 from model.config import DTYPES
+from model.transformer import Transformer
 from scripts.timing import cpu_matmul_gflops
 from training import command_line, members, run_log, train_state, trainer
 from training.run_dir import METRICS_FILE
@@ -136,7 +137,7 @@ def flops_per_target_token(config) -> float:
   """
   data = datasets.resolve(config.data)
   vocabularies = vocabularies_lib.get_vocabularies(data)
-  model_config = train_state.build_model(config, vocabularies.source.vocab_size,
+  model_config = Transformer.of(config.model, vocabularies.source.vocab_size,
                                          vocabularies.target.vocab_size).config
   batches = pipeline.make_train_iterator(data, vocabularies, seed=config.train.seed,
                                          batch_multiple=jax.local_device_count())

@@ -45,7 +45,7 @@ import numpy as np
 
 from analysis import experiment
 from model.transformer import Transformer
-from training import command_line, run_log, train_state
+from training import command_line, run_log
 
 PLACEMENTS = ('post', 'pre')
 _PROJECTIONS = ('query', 'key', 'value', 'out')
@@ -85,8 +85,8 @@ def measure(config: ml_collections.ConfigDict, vocab_size: int, batch: dict, *, 
   for placement in PLACEMENTS:
     per_depth = {}  # layers -> [seeds] of {'<stack>_<matrix>': [L] norms}
     for depth in sorted({num_layers, *depths}):
-      model = train_state.build_model(experiment.with_model(
-          config, norm_position=placement, num_encoder_layers=depth, num_decoder_layers=depth), vocab_size)
+      model = Transformer.of(experiment.with_model(
+          config, norm_position=placement, num_encoder_layers=depth, num_decoder_layers=depth).model, vocab_size)
       per_depth[depth] = [
           jax.device_get(kernel_gradient_norms(model, experiment.init_variables(model, seed), batch,
                                                config.train.label_smoothing))

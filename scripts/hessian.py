@@ -51,7 +51,7 @@ import numpy as np
 
 from analysis import experiment, lanczos
 from model.transformer import Transformer
-from training import command_line, run_log, train_state
+from training import command_line, run_log
 
 PLACEMENTS = ('post', 'pre')
 # Floor of the plotted density: the log scale shows the outliers Ghorbani et al. look for.
@@ -115,8 +115,8 @@ def measure(config: ml_collections.ConfigDict, vocab_size: int, batches: list[di
   initialisation's and the probes'), with the top eigenvalues' mean and spread over seeds."""
   results = {}
   for placement in PLACEMENTS:
-    model = train_state.build_model(experiment.with_model(
-        config, norm_position=placement, num_encoder_layers=num_layers, num_decoder_layers=num_layers),
+    model = Transformer.of(experiment.with_model(
+        config, norm_position=placement, num_encoder_layers=num_layers, num_decoder_layers=num_layers).model,
         vocab_size)
     per_seed = [spectrum(model, experiment.init_variables(model, seed), batches,
                          config.train.label_smoothing, num_iterations=num_iterations,

@@ -13,8 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from training import train_state
 from configs import smoke
+from model.transformer import Transformer
+from training import train_state
 from training import partitioning
 from training.optimizer import make_optimizer
 
@@ -25,7 +26,7 @@ def check(norm):
   # Plain SGD at a constant rate: the update is the gradient itself, so parameter differences
   # measure gradient differences (Adam's first step is nearly sign(g) and would hide them).
   config.optim.update(optimizer='sgd', b1=0.0, learning_rate=1.0, schedule='constant', warmup_steps=0)
-  model = train_state.build_model(config, vocab_size=50)
+  model = Transformer.of(config.model, vocab_size=50)
   tx, _ = make_optimizer(config.optim, steps_per_epoch=None, total_steps=100)
   rng = np.random.default_rng(0)
   tokens = lambda length: rng.integers(3, 50, size=(8, length)).astype(np.int32)

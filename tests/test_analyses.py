@@ -17,9 +17,9 @@ from analysis import experiment, lanczos
 from configs import smoke
 from data import multi30k
 from model import position
+from model.transformer import Transformer
 from scripts import activation_stats, grad_norms, hessian, position_probe
 from tests import data_fixtures
-from training import train_state
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,7 +148,7 @@ def test_hessian_vector_products_match_finite_differences_and_feed_lanczos(tiny_
   vocab_size, (batch,) = experiment.load_batches(tiny_multi30k.data, 'validation', 8, batch_size=8)
   # GELU: the gradient of a ReLU network jumps where a unit switches, which a difference quotient
   # turns into an error of order one however small the step.
-  model = train_state.build_model(experiment.with_model(tiny_multi30k, activation='gelu'), vocab_size)
+  model = Transformer.of(experiment.with_model(tiny_multi30k, activation='gelu').model, vocab_size)
   variables = experiment.init_variables(model, 0)
   tokens = float(batch['decoder_target_weights'].sum())
   tangent = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), variables['params'])
@@ -174,7 +174,7 @@ def test_stream_variance_flat_with_post_ln_linear_with_pre_ln_geometric_without_
   vocab_size, (batch,) = experiment.load_batches(config.data, 'validation', 32, batch_size=32)
   variances = {}
   for name, (norm_position, apply_norms) in activation_stats.PLACEMENTS.items():
-    model = train_state.build_model(experiment.with_model(config, norm_position=norm_position), vocab_size)
+    model = Transformer.of(experiment.with_model(config, norm_position=norm_position).model, vocab_size)
     variances[name] = np.asarray(activation_stats.stream_variances(
         model, experiment.init_variables(model, 0), batch, apply_norms)['encoder'])
   layers = np.arange(4)

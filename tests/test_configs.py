@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from training import train_state
 from configs import base, iwslt14, multi30k, parallel_text, smoke
 from configs.sweeps import packing, xiong2020
 from data import datasets
+from model.transformer import Transformer
 from training import config_checks, stepping
 from training.optimizer import make_optimizer
 
@@ -45,7 +45,7 @@ def test_config_validates_and_builds(name):
   datasets.resolve(config.data)
   make_optimizer(config.optim, steps_per_epoch=100,
                  total_steps=stepping.RunSteps.of(config.train, 100).max_steps)
-  model = train_state.build_model(config, config.data.vocab_size)
+  model = Transformer.of(config.model, config.data.vocab_size)
   tokens = jnp.ones((2, 8), jnp.int32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, tokens))
   logits = jax.eval_shape(lambda v: model.apply(v, tokens, tokens), shapes)

@@ -10,8 +10,9 @@ import numpy as np
 import portpicker
 import pytest
 
-from training import train_state
 from configs import smoke
+from model.transformer import Transformer
+from training import train_state
 from training.checkpointing import Checkpointer
 from training.optimizer import make_optimizer
 from tests.sweep_fixtures import env_with_devices
@@ -46,7 +47,7 @@ def _train_command(workdir, cache_dir, *extra):
 def _final_params(workdir):
   """The latest checkpoint's params, restored onto this process's devices."""
   config = smoke.get_config()
-  model = train_state.build_model(config, config.data.vocab_size)
+  model = Transformer.of(config.model, config.data.vocab_size)
   tx, _ = make_optimizer(config.optim, steps_per_epoch=None, total_steps=config.train.num_steps)
   checkpointer = Checkpointer(str(workdir), keep=1, save_every=1)
   step = checkpointer.latest_step()

@@ -14,6 +14,7 @@ import pytest
 from experiments import sweeps
 from tests.sweep_fixtures import (env_with_devices, lock_holder, status, sweep_command, train_steps,
                                   wait_for_training, write_sweep)
+from model.transformer import Transformer
 from training import checkpointing, command_line, train_state
 from training.optimizer import make_optimizer
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.filterwarnings('ignore:the load_module:DeprecationWarni
 
 def final_params(run_dir, spec):
   config = command_line.parse_config_args([f'--config={spec}'])
-  model = train_state.build_model(config, config.data.vocab_size)
+  model = Transformer.of(config.model, config.data.vocab_size)
   tx, _ = make_optimizer(config.optim, steps_per_epoch=None, total_steps=config.train.num_steps)
   checkpointer = checkpointing.Checkpointer(str(run_dir), keep=1, save_every=1)
   step = checkpointer.latest_step()

@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from training import command_line, train_state
+from model.transformer import Transformer
+from training import command_line
 from experiments import sweeps
 from training.optimizer import make_optimizer
 
@@ -70,7 +71,7 @@ def test_warmup_preset_grid_names_and_depth():
 @pytest.mark.parametrize('preset', ['warmup', 'depth'])
 def test_preset_base_config_builds(preset):
   config = command_line.parse_config_args([f'--config={XIONG}:{preset}'])
-  model = train_state.build_model(config, config.data.vocab_size)
+  model = Transformer.of(config.model, config.data.vocab_size)
   tokens = jnp.ones((2, 8), jnp.int32)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, tokens))
   logits = jax.eval_shape(lambda v: model.apply(v, tokens, tokens), shapes)

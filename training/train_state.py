@@ -12,7 +12,6 @@ import ml_collections
 import optax
 
 from model import admin, losses
-from model.config import ModelConfig
 from model.transformer import Transformer
 from training import partitioning
 
@@ -28,15 +27,6 @@ class TrainState:
 
 def model_variables(params, batch_stats) -> dict:
   return {'params': params, **({'batch_stats': batch_stats} if batch_stats else {})}
-
-
-def build_model(config: ml_collections.ConfigDict, vocab_size: int,
-                target_vocab_size: int | None = None) -> Transformer:
-  """The model of `config` for `vocab_size` source tokens and `target_vocab_size` target tokens
-  (by default the same: a joint vocabulary)."""
-  return Transformer(ModelConfig.from_config(
-      config.model, source_vocab_size=vocab_size,
-      target_vocab_size=vocab_size if target_vocab_size is None else target_vocab_size))
 
 
 def create_train_state(model: Transformer, tx: optax.GradientTransformation, seed: int,
