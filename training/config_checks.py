@@ -4,7 +4,7 @@ import math
 
 import ml_collections
 
-from data import tokenizer, vocabularies
+from data import datasets, tokenizer, vocabularies
 from model.config import ModelConfig
 from training import time_budget
 from training.optimizer import make_optimizer
@@ -29,12 +29,12 @@ def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
-  """Raises ValueError with a one-line message naming the first bad field.
+def check_config(config: ml_collections.ConfigDict) -> datasets.DataSpec:
+  """Raises ValueError with a one-line message naming the first bad field; returns the data spec
+  of `config.data` (`datasets.resolve`, which checks the dataset, languages and eval split).
 
   Runs before train.py writes anything: every field whose bad value would otherwise fail later
-  (optimizer, schedule, model, batching) is checked here; the dataset, languages and eval split
-  by `datasets.resolve`, which train_and_evaluate calls next.
+  (optimizer, schedule, model, batching) is checked here.
   """
   missing = [name for name in _SECTIONS if name not in config]
   if missing:
@@ -78,13 +78,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if not _is_int(words) or words < 0:
     raise ValueError(f'config.data.train_max_source_words={words!r} must be 0 (no limit) or a '
                      'positive number of words')
-  vocabularies.check_vocabulary(config.data)
-  if config.data.vocabulary == 'separate' and config.model.share_embeddings:
-    raise ValueError("config.data.vocabulary='separate' gives each language its own token ids, so "
-                     'config.model.share_embeddings=True would embed two words with one vector; set '
-                     'it to False')
-  vocab = config.data.vocab_size
-  ModelConfig.from_config(config.model, source_vocab_size=vocab, target_vocab_size=vocab)
   if config.optim.learning_rate <= 0:
     raise ValueError(f'config.optim.learning_rate={config.optim.learning_rate!r} must be positive')
   # Builds the optimizer once (cheap, no arrays) for its own checks of names and values; with
@@ -104,6 +97,16 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if train.divergence_growth != 0 and train.divergence_growth <= 1:
     raise ValueError(f'config.train.divergence_growth={train.divergence_growth!r} must be above 1, '
                      'or 0 to disable')
+  # The data and model layers' own checks last.
+  data = datasets.resolve(config.data)
+  vocabularies.check_vocabulary(config.data)
+  if config.data.vocabulary == 'separate' and config.model.share_embeddings:
+    raise ValueError("config.data.vocabulary='separate' gives each language its own token ids, so "
+                     'config.model.share_embeddings=True would embed two words with one vector; set '
+                     'it to False')
+  vocab = config.data.vocab_size
+  ModelConfig.from_config(config.model, source_vocab_size=vocab, target_vocab_size=vocab)
+  return data
 
 
 def check_subword_sampling(data_config) -> None:

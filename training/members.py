@@ -26,7 +26,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from data import datasets
 from training import config_checks, partitioning, run_dir, run_log, stop_signals, train_state
 from training import trainer
 from training.stepping import TrainStep, batch_shape, compiled_step_functions, dropout_key
@@ -67,8 +66,7 @@ def train_seeds_together(config: ml_collections.ConfigDict, workdirs: list[str],
     The final states of the members that did not diverge, in the order of `seeds`.
   """
   check_members(config, workdirs, seeds)
-  config_checks.check_config(config)
-  data = datasets.resolve(config.data)
+  data = config_checks.check_config(config)
   configs = []
   for seed in seeds:
     member_config = ml_collections.ConfigDict(config.to_dict())

@@ -56,8 +56,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     run_log.DivergenceError: the run diverged (status.json says so).
     stop_signals.RunStopped: SIGTERM or SIGINT stopped the run after saving (status `stopped`).
   """
-  config_checks.check_config(config)
-  data = datasets.resolve(config.data)
+  data = config_checks.check_config(config)
   run_dir.make_run_folder(workdir)
   with run_dir.claim_run_folder(workdir):
     changes = run_dir.check_resume(workdir, config)
@@ -243,6 +242,9 @@ def set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: 
     run_dir.write_source(workdir, data.fingerprint)
     logging.info('config:\n%s', config)
 
+  checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
+                              save_every=config.train.checkpoint_every)
+
   say('preparing data and vocabularies (minutes on a dataset\'s first use, then cached)')
   vocabularies = run_dir.load_run_vocabularies(workdir, data)
   train_iter = pipeline.make_train_iterator(
@@ -251,14 +253,12 @@ def set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: 
   batches = BatchGroups(train_iter, config.train.steps_per_call)
   steps = RunSteps.of(config.train, train_iter.batches_per_epoch)
   max_steps = steps.max_steps
-  model = train_state.build_model(config, vocabularies.source.vocab_size,
+  model = Transformer.of(config.model, vocabularies.source.vocab_size,
                                   vocabularies.target.vocab_size)
   mesh = partitioning.make_mesh()
   # The optimizer state's structure does not depend on the run's length (the step's argument).
   tx, _ = make_optimizer(config.optim, steps_per_epoch=steps.steps_per_epoch, total_steps=max_steps)
   state = train_state.create_train_state(model, tx, config.train.seed, mesh)
-  checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
-                              save_every=config.train.checkpoint_every)
   latest, state, resumed = _restore(checkpointer, state, batches, say, is_primary)
   step = int(state.step)
   writer = run_log.MetricsWriter(workdir, is_primary=is_primary, start_step=step)
@@ -278,6 +278,10 @@ def set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: 
   clock = actions.Clock(run_start, resumed.get('run_seconds', 0.0))  # {} for a new run
   schedule = Schedule(config.optim, steps, mesh, plan.length or RunLength.fixed(total_steps))
   train_step = TrainStep(config, model, mesh, steps, clock)
+  say(_describe_data(data, train_iter, vocabularies))
+  length = (f'up to {max_steps} steps, as many as fit {config.train.time_budget_minutes} min '
+            f'(planned at step {budget.plan_at})' if budget.plan_at else f'{total_steps} steps')
+  say(_describe_model(model, state.params, length, latest, train_step.microbatch_tokens))
   # The steps after the last record, trained before the checkpoint: the next record covers them
   # as an uninterrupted run's does.
   window = actions.MetricsWindow(train_step.new_window, saved_window and saved_window['sums'],
@@ -285,10 +289,6 @@ def set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: 
   evaluator = Evaluator(data, vocabularies, model, mesh,
                         jax.jit(functools.partial(train_state.eval_step, model=model)))
 
-  say(_describe_data(data, train_iter, vocabularies))
-  length = (f'up to {max_steps} steps, as many as fit {config.train.time_budget_minutes} min '
-            f'(planned at step {budget.plan_at})' if budget.plan_at else f'{total_steps} steps')
-  say(_describe_model(model, state.params, length, latest, train_step.microbatch_tokens))
   loss_watch = run_log.LossWatch(
       ceiling=config.train.divergence_loss_ceiling, growth=config.train.divergence_growth,
       lowest=min((record['train_loss'] for record in writer.previous_records
