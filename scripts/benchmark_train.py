@@ -41,7 +41,8 @@ from scripts.timing import cpu_matmul_gflops
 from training import command_line, members, run_log, train_state, trainer
 from training.run_dir import METRICS_FILE
 
-# The two shapes of ../shared/peers/fairseq/bench.sh, with its learning rates and warmups.
+# The two shapes of ../shared/peers/fairseq/bench.sh, with its learning rates and warmups, and two
+# wider ones as fairseq's presets of those widths (scripts/benchmark_widths.sh times fairseq on them).
 RECIPES = {
     # Wu et al.'s Transformer-tiny, the `:en_de` model.
     'tiny': dict(model=dict(d_model=128, num_heads=4, d_ff=256, num_encoder_layers=4,
@@ -51,6 +52,14 @@ RECIPES = {
     'small': dict(model=dict(d_model=256, num_heads=8, d_ff=512, num_encoder_layers=3,
                              num_decoder_layers=3, dropout_rate=0.1),
                   optim=dict(learning_rate=5e-4, warmup_steps=4000)),
+    # fairseq's transformer_iwslt_de_en.
+    'iwslt': dict(model=dict(d_model=512, num_heads=4, d_ff=1024, num_encoder_layers=6,
+                             num_decoder_layers=6, dropout_rate=0.3),
+                  optim=dict(learning_rate=5e-4, warmup_steps=4000)),
+    # fairseq's transformer_vaswani_wmt_en_de_big.
+    'big': dict(model=dict(d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=6,
+                           num_decoder_layers=6, dropout_rate=0.3),
+                optim=dict(learning_rate=5e-4, warmup_steps=4000)),
 }
 
 RECIPE = flags.DEFINE_enum('recipe', 'tiny', list(RECIPES), 'Model shape and optimizer of the run.')

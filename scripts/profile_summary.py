@@ -6,15 +6,18 @@ Reads the Perfetto trace that `jax.profiler.trace(DIR, create_perfetto_trace=Tru
 (DIR/plugins/profile/*/perfetto_trace.json.gz, Chrome's trace-event JSON) and sums the durations
 of its complete events by name. On an accelerator it counts the device's "XLA Ops" lines (one
 event per HLO operation; the stream lines hold the same time again as kernels), else all of its
-lines; a CPU trace has no device, so it counts the host's events less the Python frames the
-profiler records ('$file.py:line'). Shares are of the time counted, so nested host events
-(a jitted call and the thunks inside it) add up to more than the wall time.
+lines. A CPU trace has no device: there it counts each host event's own time (less the events
+nested inside it on its thread, such as the thunks of a jitted call), leaves out the Python frames
+the profiler records ('$file.py:line') and the time threads spend waiting on each other, and sums
+the numbered copies of an operation ('ynn_fusion.406') under one name, so that the shares say
+which kinds of work the cores do.
 """
 
 import collections
 import gzip
 import json
 from pathlib import Path
+import re
 
 from absl import app, flags
 
@@ -32,24 +35,45 @@ def read_events(trace_dir: str) -> list[dict]:
   return trace['traceEvents'] if isinstance(trace, dict) else trace
 
 
-def counted_events(events: list[dict]) -> list[dict]:
-  """The complete events that hold the operations' time, once (see the module docstring)."""
+# A CPU thread's time spent waiting for other threads' work, which the profiler records as events.
+_WAITS = ('(wait for completion)', 'Await')
+
+
+def operation_seconds(events: list[dict]) -> collections.Counter:
+  """Seconds per operation name, each operation's time counted once (see the module docstring)."""
   names = {(event['pid'], event.get('tid')): event['args']['name'] for event in events
            if event.get('ph') == 'M' and event.get('name') in ('process_name', 'thread_name')}
   complete = [event for event in events if event.get('ph') == 'X']
   device = {pid for (pid, tid), name in names.items() if tid is None and name.startswith('/device:')}
+  seconds = collections.Counter()
   if device:
     on_device = [event for event in complete if event['pid'] in device]
     ops = [event for event in on_device if 'XLA Ops' in names.get((event['pid'], event.get('tid')), '')]
-    return ops or on_device
-  return [event for event in complete if not event['name'].startswith('$')]
+    for event in ops or on_device:
+      seconds[event['name']] += event.get('dur', 0.0) / 1e6  # trace time is in microseconds
+    return seconds
+  threads = collections.defaultdict(list)
+  for event in complete:
+    if not event['name'].startswith('$'):
+      threads[event['pid'], event.get('tid')].append(event)
+  for thread in threads.values():
+    enclosing = []  # [(name, end)] of the events open at this point, innermost last
+    for event in sorted(thread, key=lambda event: (event['ts'], -event.get('dur', 0.0))):
+      while enclosing and enclosing[-1][1] <= event['ts']:
+        enclosing.pop()
+      name, duration = re.sub(r'\.\d+$', '', event['name']), event.get('dur', 0.0) / 1e6
+      seconds[name] += duration
+      if enclosing:
+        seconds[enclosing[-1][0]] -= duration
+      enclosing.append((name, event['ts'] + event.get('dur', 0.0)))
+  for name in [name for name in seconds if any(wait in name for wait in _WAITS)]:
+    del seconds[name]
+  return seconds
 
 
 def top_operations(events: list[dict], count: int) -> list[tuple[str, float, float]]:
   """[(name, seconds, share of the counted time)], the longest `count` first."""
-  seconds = collections.Counter()
-  for event in counted_events(events):
-    seconds[event['name']] += event.get('dur', 0.0) / 1e6  # trace time is in microseconds
+  seconds = operation_seconds(events)
   total = sum(seconds.values()) or 1.0
   return [(name, value, value / total) for name, value in seconds.most_common(count)]
 

@@ -15,8 +15,8 @@ def metadata(kind, pid, name, tid=None):
   return event
 
 
-def op(name, pid, tid, microseconds):
-  return {'ph': 'X', 'name': name, 'pid': pid, 'tid': tid, 'ts': 0, 'dur': microseconds}
+def op(name, pid, tid, microseconds, start=0):
+  return {'ph': 'X', 'name': name, 'pid': pid, 'tid': tid, 'ts': start, 'dur': microseconds}
 
 
 def test_a_device_trace_counts_its_xla_ops_line_once_and_leaves_the_host_out():
@@ -31,14 +31,23 @@ def test_a_device_trace_counts_its_xla_ops_line_once_and_leaves_the_host_out():
   assert [share for _, _, share in rows] == pytest.approx([0.8, 0.2])
 
 
-def test_a_cpu_trace_counts_the_hosts_events_without_python_frames(tmp_path):
-  events = [metadata('process_name', 1, '/host:CPU'), op('ynn_fusion', 1, 1, 600),
-            op('$profiler.py:307 trace', 1, 1, 5000), op('copy_fusion', 1, 2, 200)]
+def test_a_cpu_trace_counts_each_events_own_time_by_kind_without_waits_or_python_frames(tmp_path):
+  """Thread 1 runs a jitted call of 1,100 µs holding two thunks (600 and 100 µs) and waits 300 µs
+  for thread 2, whose copy takes 200 µs: the call's own time is 100 µs, the two numbered copies
+  of the fusion count as one, and neither the wait nor the Python frame counts."""
+  events = [metadata('process_name', 1, '/host:CPU'),
+            op('$profiler.py:307 trace', 1, 1, 5000),
+            op('PjitFunction(step)', 1, 1, 1100, start=10),
+            op('ynn_fusion.406', 1, 1, 600, start=20), op('ynn_fusion.7', 1, 1, 100, start=620),
+            op('ThunkExecutor::Execute (wait for completion)', 1, 1, 300, start=720),
+            op('copy_fusion.3', 1, 2, 200, start=720)]
   folder = tmp_path / 'plugins' / 'profile' / 'run'
   folder.mkdir(parents=True)
   with gzip.open(folder / 'perfetto_trace.json.gz', 'wt') as file:
     json.dump({'traceEvents': events}, file)
-  rows = profile_summary.top_operations(profile_summary.read_events(str(tmp_path)), 1)
-  assert rows == [('ynn_fusion', pytest.approx(0.0006), pytest.approx(0.75))]
+  rows = profile_summary.top_operations(profile_summary.read_events(str(tmp_path)), 5)
+  assert [(name, round(seconds * 1e6)) for name, seconds, _ in rows] == [
+      ('ynn_fusion', 700), ('copy_fusion', 200), ('PjitFunction(step)', 100)]
+  assert [share for _, _, share in rows] == pytest.approx([0.7, 0.2, 0.1])
   with pytest.raises(FileNotFoundError, match='holds no perfetto_trace.json.gz'):
     profile_summary.read_events(str(tmp_path / 'plugins' / 'profile' / 'none'))
