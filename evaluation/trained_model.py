@@ -133,7 +133,7 @@ def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
         raise ValueError(f'no {path.name} in {workdir}: not a workdir written by train.py')
     vocabularies = vocabularies_lib.load(tokenizer_paths, data)
     model = Transformer.of(config.model, vocabularies.source.vocab_size,
-                                    vocabularies.target.vocab_size)
+                           vocabularies.target.vocab_size)
     # With 'last', older checkpoints stand in for a damaged newest one.
     candidates = ([[step] for step in sorted(checkpointer.all_steps(), reverse=True)]
                   if kind == 'last' else [steps])

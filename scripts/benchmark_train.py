@@ -147,7 +147,7 @@ def flops_per_target_token(config) -> float:
   data = datasets.resolve(config.data)
   vocabularies = vocabularies_lib.get_vocabularies(data)
   model_config = Transformer.of(config.model, vocabularies.source.vocab_size,
-                                         vocabularies.target.vocab_size).config
+                                vocabularies.target.vocab_size).config
   batches = pipeline.make_train_iterator(data, vocabularies, seed=config.train.seed,
                                          batch_multiple=jax.local_device_count())
   total_flops = target_tokens = 0

@@ -195,8 +195,8 @@ def _make_schedule(
     An optax schedule, jit-compatible.
 
   Raises:
-    ValueError: for a negative warmup, a decaying
-      schedule no longer than its warmup, or 'step' decay without steps_per_epoch.
+    ValueError: for a negative warmup, a decaying schedule no longer than its
+      warmup, or 'step' decay without steps_per_epoch.
   """
   length = total_steps if isinstance(total_steps, RunLength) else None
   if length is not None:

@@ -254,7 +254,7 @@ def set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: 
   steps = RunSteps.of(config.train, train_iter.batches_per_epoch)
   max_steps = steps.max_steps
   model = Transformer.of(config.model, vocabularies.source.vocab_size,
-                                  vocabularies.target.vocab_size)
+                         vocabularies.target.vocab_size)
   mesh = partitioning.make_mesh()
   # The optimizer state's structure does not depend on the run's length (the step's argument).
   tx, _ = make_optimizer(config.optim, steps_per_epoch=steps.steps_per_epoch, total_steps=max_steps)
