@@ -224,9 +224,7 @@ class _Group:
               run.checkpointer.wait_until_finished()
             return [_take(self.states, index) for index in range(len(self.runs))]
       for run in self.runs:
-        run.window.settle()
-        if run.progress.step % run.train_iter.batches_per_epoch == 0:
-          run.epochs.finish(run.progress)
+        trainer.close_records(run)
     finally:
       signals.uninstall()
       for run in self.runs:

@@ -126,9 +126,7 @@ def _train(run: Run, stop_after_steps: int | None) -> train_state.TrainState:
       if signum is not None and not progress.at_end:
         saved = run.checkpointing.save_on_stop(progress, state, run.window)
         raise stop_signals.RunStopped(signum, progress.step, saved=saved)
-    run.window.settle()
-    if progress.step % run.train_iter.batches_per_epoch == 0:
-      run.epochs.finish(progress)
+    close_records(run)
   except run_log.DivergenceError as error:
     logging.info('%s', error)  # train.log; train.py prints it once
     write_status(run, 'diverged', step=error.step, message=str(error))
@@ -152,6 +150,14 @@ def _train(run: Run, stop_after_steps: int | None) -> train_state.TrainState:
           + (f' (time budget {minutes} min)' if minutes else '') + f'; run folder {run.workdir}'
           + (f', best checkpoint step {best_step}' if best_step is not None else ''))
   return state
+
+
+def close_records(run: Run) -> None:
+  """At the loop's end: the record of the steps after the last one, and of the epoch that the
+  last step finished."""
+  run.window.settle()
+  if run.progress.step % run.train_iter.batches_per_epoch == 0:
+    run.epochs.finish(run.progress)
 
 
 def steps_before_a_pause(run: Run, stop_after_steps: int | None) -> int:
