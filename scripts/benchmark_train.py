@@ -41,25 +41,22 @@ from scripts.timing import cpu_matmul_gflops
 from training import command_line, members, run_log, train_state, trainer
 from training.run_dir import METRICS_FILE
 
+def _recipe(layers: int, d_model: int, d_ff: int, heads: int, dropout: float, learning_rate: float,
+            warmup_steps: int) -> dict:
+  """Config fields of a recipe: layers per side, width, FFN, heads, dropout, peak rate, warmup."""
+  return dict(model=dict(d_model=d_model, num_heads=heads, d_ff=d_ff, num_encoder_layers=layers,
+                         num_decoder_layers=layers, dropout_rate=dropout),
+              optim=dict(learning_rate=learning_rate, warmup_steps=warmup_steps))
+
+
 # The two shapes of ../shared/peers/fairseq/bench.sh, with its learning rates and warmups, and two
 # wider ones as fairseq's presets of those widths (scripts/benchmark_widths.sh times fairseq on them).
 RECIPES = {
-    # Wu et al.'s Transformer-tiny, the `:en_de` model.
-    'tiny': dict(model=dict(d_model=128, num_heads=4, d_ff=256, num_encoder_layers=4,
-                            num_decoder_layers=4, dropout_rate=0.3),
-                 optim=dict(learning_rate=5e-3, warmup_steps=2000)),
+    'tiny': _recipe(4, 128, 256, 4, 0.3, 5e-3, 2000),  # Wu et al.'s Transformer-tiny, the `:en_de` model
     # The `:de_en_small` recipe's depth and width, with fairseq's FFN 512 and 8 heads.
-    'small': dict(model=dict(d_model=256, num_heads=8, d_ff=512, num_encoder_layers=3,
-                             num_decoder_layers=3, dropout_rate=0.1),
-                  optim=dict(learning_rate=5e-4, warmup_steps=4000)),
-    # fairseq's transformer_iwslt_de_en.
-    'iwslt': dict(model=dict(d_model=512, num_heads=4, d_ff=1024, num_encoder_layers=6,
-                             num_decoder_layers=6, dropout_rate=0.3),
-                  optim=dict(learning_rate=5e-4, warmup_steps=4000)),
-    # fairseq's transformer_vaswani_wmt_en_de_big.
-    'big': dict(model=dict(d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=6,
-                           num_decoder_layers=6, dropout_rate=0.3),
-                optim=dict(learning_rate=5e-4, warmup_steps=4000)),
+    'small': _recipe(3, 256, 512, 8, 0.1, 5e-4, 4000),
+    'iwslt': _recipe(6, 512, 1024, 4, 0.3, 5e-4, 4000),  # fairseq's transformer_iwslt_de_en
+    'big': _recipe(6, 1024, 4096, 16, 0.3, 5e-4, 4000),  # fairseq's transformer_vaswani_wmt_en_de_big
 }
 
 RECIPE = flags.DEFINE_enum('recipe', 'tiny', list(RECIPES), 'Model shape and optimizer of the run.')

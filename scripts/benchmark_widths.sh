@@ -7,7 +7,7 @@
 #   SEQ2SEQ_DATA_DIR=../shared/data bash scripts/benchmark_widths.sh
 #
 #   WIDTHS  recipes to time (default "tiny small iwslt big"): the shapes of fairseq's presets,
-#           as scripts/benchmark_train.py's RECIPES has them:
+#           as scripts/benchmark_train.py's RECIPES has them (both programs read them there):
 #             tiny   4+4 layers, d_model 128,  FFN 256,  4 heads, dropout 0.3 (Wu et al.)
 #             small  3+3 layers, d_model 256,  FFN 512,  8 heads, dropout 0.1
 #             iwslt  6+6 layers, d_model 512,  FFN 1024, 4 heads, dropout 0.3 (transformer_iwslt_de_en)
@@ -28,19 +28,27 @@ WIDTHS="${WIDTHS:-tiny small iwslt big}"; ROUNDS="${ROUNDS:-1}"
 export OMP_NUM_THREADS="${FS_THREADS:-2}" MKL_NUM_THREADS="${FS_THREADS:-2}"
 mkdir -p "$OUT"
 
-shape_of() {  # fairseq's flags for a recipe, and its steps and log interval
+steps_of() {  # steps and log interval per recipe: a few minutes of each program on 2 cores
   case $1 in
-    tiny)  echo "4 128 256 4 0.3 0.005 2000 100 20" ;;
-    small) echo "3 256 512 8 0.1 5e-4 4000 60 10" ;;
-    iwslt) echo "6 512 1024 4 0.3 5e-4 4000 24 4" ;;
-    big)   echo "6 1024 4096 16 0.3 5e-4 4000 8 2" ;;
-    *) echo "unknown width recipe $1 (tiny, small, iwslt, big)" >&2; exit 1 ;;
+    tiny) echo "100 20" ;; small) echo "60 10" ;; iwslt) echo "24 4" ;; big) echo "8 2" ;;
+    *) echo "unknown width recipe $1 (tiny, small, iwslt, big)" >&2; return 1 ;;
   esac
+}
+for r in $WIDTHS; do steps_of "$r" > /dev/null; done
+
+shape_of() {  # the recipe's shape and optimizer as scripts/benchmark_train.py's RECIPES has them
+  (cd "$REPO" && python -c "
+import sys
+from scripts.benchmark_train import RECIPES
+model, optim = RECIPES[sys.argv[1]]['model'], RECIPES[sys.argv[1]]['optim']
+print(model['num_encoder_layers'], model['d_model'], model['d_ff'], model['num_heads'],
+      model['dropout_rate'], optim['learning_rate'], optim['warmup_steps'])" "$1")
 }
 
 for round in $(seq 1 "$ROUNDS"); do
   for r in $WIDTHS; do
-    read -r layers dim ffn heads dropout lr warmup steps every < <(shape_of "$r")
+    read -r layers dim ffn heads dropout lr warmup < <(shape_of "$r")
+    read -r steps every < <(steps_of "$r")
     log="$OUT/fairseq_${r}_$round.log"
     "$VENV/bin/fairseq-train" "$BIN" --task translation --source-lang de --target-lang en \
       --arch transformer --encoder-layers "$layers" --decoder-layers "$layers" \
