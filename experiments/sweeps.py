@@ -251,16 +251,16 @@ def train_args(runs: list[Run]) -> tuple[str, ...]:
   return (*args, '--seeds=' + ','.join(str(run.overrides[SEED_FIELD]) for run in runs))
 
 
-def host_share(runs: list[Run], num_hosts: int, host_index: int) -> list[Run]:
-  """The runs host `host_index` of `num_hosts` trains when hosts split a sweep: every
-  num_hosts-th run from its index, in sweep order.
+def host_share(units: list, num_hosts: int, host_index: int) -> list:
+  """What host `host_index` of `num_hosts` trains when hosts split a sweep: every num_hosts-th
+  unit (a run, or a point's seeds trained together) from its index, in sweep order.
 
   A fixed assignment (big_vision's and XManager's work-unit index), so each run belongs to one
   host: a host re-run after preemption resumes its own runs and never touches another's.
   """
   if num_hosts < 1 or not 0 <= host_index < num_hosts:
     raise ValueError(f'--host_index={host_index} must be in [0, --num_hosts={num_hosts})')
-  return runs[host_index::num_hosts]
+  return units[host_index::num_hosts]
 
 
 def die_with_parent() -> None:

@@ -259,7 +259,10 @@ def main(argv: list[str]) -> None:
     if not selected:
       raise ValueError(f'--only={",".join(ONLY.value)} matches none of the {len(runs)} runs: '
                        f'{", ".join(run.name for run in runs)}')
-    share = sweeps.host_share(selected, NUM_HOSTS.value, HOST_INDEX.value)
+    # Hosts split the sweep by what one train.py trains, so that a point's seeds trained together
+    # stay on one host.
+    share = [run for unit in sweeps.host_share(_units(selected), NUM_HOSTS.value, HOST_INDEX.value)
+             for run in unit]
     # One host or process writes the sweep's record.
     primary = HOST_INDEX.value == 0 and (not MULTIPROCESS.value or jax.process_index() == 0)
     if not DRY_RUN.value and primary:

@@ -284,6 +284,22 @@ def test_sweep_trains_its_runs_then_skips_finished_ones_and_resumes_a_killed_one
   assert (second / 'train.log').read_text().count('# scripts/sweep.py') == 2
 
 
+def test_hosts_splitting_a_sweep_with_seeds_together_each_train_whole_points(tmp_path):
+  # converge_key: 4 points x 3 seeds. Split by run, host 0 would get seed 0 of one point, seed 1
+  # of the next...; split by point, each host's train.py trains one point's three seeds.
+  shares = [run_sweep_cli(f'{XIONG}:converge_key', f'--workdir={tmp_path}', '--seeds_together',
+                          '--num_hosts=2', f'--host_index={host}', '--dry_run') for host in (0, 1)]
+  commands = [[shlex.split(line) for line in share.stdout.splitlines()] for share in shares]
+  assert [len(host) for host in commands] == [2, 2]
+  points = [[next(arg for arg in command if arg.startswith('--workdir=')) for command in host]
+            for host in commands]
+  assert points == [[f'--workdir={tmp_path}/norm_position=post,warmup=0,seed={{seed}}',
+                     f'--workdir={tmp_path}/norm_position=pre,warmup=0,seed={{seed}}'],
+                    [f'--workdir={tmp_path}/norm_position=post,warmup=4000,seed={{seed}}',
+                     f'--workdir={tmp_path}/norm_position=pre,warmup=4000,seed={{seed}}']]
+  assert all(command[-1] == '--seeds=0,1,2' for host in commands for command in host)
+
+
 def test_seeds_together_train_a_points_seeds_in_one_process_each_in_its_own_folder(
     tmp_path, data_cache):
   spec = write_two_seed_sweep(tmp_path, data_cache)
