@@ -1,16 +1,19 @@
 #!/bin/bash
-# The accelerator figures of docs/performance.md in one device call of under 10 minutes, most
-# valuable first; each phase writes its JSON and log to $OUT, and $OUT/figures.txt sums them up:
-#   tiny_k1     the tiny recipe, one run, one step per dispatch: target tokens/s, GPU busy
+# The accelerator figures of docs/performance.md in one device call, most valuable first; a phase
+# starts only with 60 s of LIMIT_S (default 540) to spare. Each phase writes its JSON and log to
+# $WORK (default /tmp/figures); figures.txt sums them up, and $OUT receives figures.txt and
+# figures.tgz (the device call brings back only a few files):
+#   tiny_k1     the tiny recipe, one run, one step per dispatch: target tokens/s, GPU busy, and its
+#               training shapes compiled on a cold persistent cache
+#   tiny_k8     the same with 8 steps per dispatch (train.steps_per_call)
 #   seeds4      four seeds of it trained together (train.py --seeds), against tiny_k1
 #   iwslt_bf16  the IWSLT-size step (6+6, d_model 512, FFN 1024) in bfloat16 at 1,024 x 32 tokens:
 #               MFU, and the top operations of a jax.profiler trace
-#   tiny_k8     the tiny run with 8 steps per dispatch (train.steps_per_call)
-#   compile     the tiny run's training shapes compiled on a cold persistent cache, then warm
+#   compile_warm  tiny_k1's shapes again, on the now warm cache
 #   eval        eval.py's whole process on test_2016 (beam 5), cold cache, then warm
-# On the device machine it installs the wheels in .whl/ and reads Multi30k from .gpudata/, both
+# On the device machine, scripts/device_setup.sh installs the wheels and points at the data, both
 # made on the CPU beforehand by `bash scripts/accelerator_figures.sh prepare`. A trial at a few
-# steps on a CPU: SMALL=1 OUT=/tmp/figures bash scripts/accelerator_figures.sh
+# steps on a CPU: SMALL=1 OUT=/tmp/figures_out bash scripts/accelerator_figures.sh
 set -u
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = prepare ]; then
@@ -25,71 +28,60 @@ if [ "${1:-}" = prepare ]; then
   exit
 fi
 
-OUT=${OUT:?set OUT to the folder the figures go to}; mkdir -p "$OUT"
-DEADLINE=$((SECONDS + ${LIMIT_S:-540}))  # a phase starts only with 60 s or more to spare
+OUT=${OUT:?set OUT to the folder the figures go to}; WORK=${WORK:-/tmp/figures}
+mkdir -p "$OUT" "$WORK"
+DEADLINE=$((SECONDS + ${LIMIT_S:-540}))
 if [ -n "${SMALL:-}" ]; then
   TINY_STEPS=12; LOG=4; IWSLT=(--batch_size=8 --steps=2 --warmup=1); SEEDS=2
 else
   TINY_STEPS=600; LOG=50; IWSLT=(--batch_size=1024 --steps=20 --warmup=3); SEEDS=4
 fi
-if command -v nvidia-smi > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
-fi
-if [ -d .gpudata ]; then
-  export SEQ2SEQ_DATA_DIR=$PWD/.gpudata/data
-  mkdir -p ~/.cache && { [ -e ~/.cache/seq2seq_lab ] || cp -r .gpudata/cache ~/.cache/seq2seq_lab; }
-fi
-# Float32 products as on a CPU; cuBLAS GEMMs (Triton's autotuning compiles for over a minute);
-# no up-front claim of the GPU's memory.
-export CI=1 PYTHONUNBUFFERED=1 JAX_DEFAULT_MATMUL_PRECISION=highest \
-  XLA_FLAGS=--xla_gpu_enable_triton_gemm=false XLA_PYTHON_CLIENT_PREALLOCATE=false \
-  JAX_COMPILATION_CACHE_DIR=/tmp/figures_xla
+source scripts/device_setup.sh
+command -v nvidia-smi > /dev/null && \
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$WORK/gpu.txt"
+export JAX_COMPILATION_CACHE_DIR=/tmp/figures_xla
 
 phase() {  # name, then the command; GPU busy sampled every 100 ms while it runs
   local name=$1; shift
-  if [ $SECONDS -gt $((DEADLINE - 60)) ]; then echo "$name: skipped, out of time" >> "$OUT/figures.txt"; return; fi
+  if [ $SECONDS -gt $((DEADLINE - 60)) ]; then echo "$name: skipped, out of time" >> "$WORK/figures.txt"; return; fi
   local smi=
   if command -v nvidia-smi > /dev/null; then
-    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 > "$OUT/$name.smi" &
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 > "$WORK/$name.smi" &
     smi=$!
   fi
   local start=$SECONDS
-  timeout $((DEADLINE - SECONDS)) "$@" > "$OUT/$name.log" 2>&1
-  echo "$name: exit $? after $((SECONDS - start)) s" >> "$OUT/times.txt"
+  timeout $((DEADLINE - SECONDS)) "$@" > "$WORK/$name.log" 2>&1
+  echo "$name: exit $? after $((SECONDS - start)) s" >> "$WORK/times.txt"
   [ -n "$smi" ] && kill $smi
 }
 tiny() {  # name, then benchmark_train flags
   local name=$1; shift
   phase "$name" python3 -m scripts.benchmark_train --recipe=tiny --steps=$TINY_STEPS \
-    --log_every=$LOG --out="$OUT/$name.json" "$@"
+    --log_every=$LOG --out="$WORK/$name.json" "$@"
 }
 
 rm -rf /tmp/figures_xla
 tiny tiny_k1 --workdir=/tmp/figures_tiny_k1
+tiny tiny_k8 --steps_per_call=8
 tiny seeds$SEEDS --seeds=$SEEDS
 phase iwslt_bf16 python3 -m scripts.benchmark --config=configs/iwslt14.py \
   --config.model.dtype=bfloat16 --source_length=32 --target_length=32 "${IWSLT[@]}" \
-  --decode_repeats=1 --profile_dir=/tmp/figures_profile --out="$OUT/iwslt_bf16.json"
-tiny tiny_k8 --steps_per_call=8
-JAX_COMPILATION_CACHE_DIR=/tmp/figures_xla_cold tiny compile_cold --steps=$((2 * LOG))
-JAX_COMPILATION_CACHE_DIR=/tmp/figures_xla_cold tiny compile_warm --steps=$((2 * LOG))
+  --decode_repeats=1 --profile_dir=/tmp/figures_profile --out="$WORK/iwslt_bf16.json"
+tiny compile_warm --steps=$((2 * LOG))
 if [ -d /tmp/figures_tiny_k1/checkpoints ]; then
   for cache in cold warm; do
     JAX_COMPILATION_CACHE_DIR=/tmp/figures_xla_eval phase eval_$cache /usr/bin/time -f '%e s' \
-      python3 eval.py --workdir=/tmp/figures_tiny_k1 --split=test_2016 --out_dir="$OUT/eval_$cache"
+      python3 eval.py --workdir=/tmp/figures_tiny_k1 --split=test_2016 --out_dir="$WORK/eval_$cache"
   done
 fi
-python3 - "$OUT" >> "$OUT/figures.txt" <<'EOF'
+python3 - "$WORK" >> "$WORK/figures.txt" <<'EOF'
 import json, pathlib, statistics, sys
 out = pathlib.Path(sys.argv[1])
 def busy(name):
   samples = [float(line) for line in (out / f'{name}.smi').read_text().split() if line.strip()] \
       if (out / f'{name}.smi').exists() else []
   return f', GPU busy {statistics.mean(samples):.0f}% (median {statistics.median(samples):.0f}%)' if samples else ''
-for name in ('tiny_k1', 'seeds2', 'seeds4', 'tiny_k8', 'compile_cold', 'compile_warm'):
+for name in ('tiny_k1', 'tiny_k8', 'seeds2', 'seeds4', 'compile_warm'):
   path = out / f'{name}.json'
   if path.exists():
     r = json.loads(path.read_text())
@@ -108,4 +100,6 @@ for cache in ('cold', 'warm'):
   if log.exists():
     print(f'eval.py test_2016, {cache} cache: whole process {log.read_text().split()[-2]} s')
 EOF
+cp "$WORK/figures.txt" "$OUT/"
+tar czf "$OUT/figures.tgz" --exclude='*.model' -C "$WORK" .
 cat "$OUT/figures.txt"
