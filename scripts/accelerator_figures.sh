@@ -3,7 +3,7 @@
 # starts only with 60 s of LIMIT_S (default 540) to spare. Each phase writes its JSON and log to
 # $WORK (default /tmp/figures); figures.txt sums them up, and $OUT receives figures.txt and
 # figures.tgz (the device call brings back only a few files):
-#   tiny_k1     the tiny recipe, one run, one step per dispatch: target tokens/s, GPU busy, and its
+#   tiny_k1     the tiny recipe, one run, one step per dispatch: target tokens/s and its
 #               training shapes compiled on a cold persistent cache
 #   tiny_k8     the same with 8 steps per dispatch (train.steps_per_call)
 #   seeds4      four seeds of it trained together (train.py --seeds), against tiny_k1
@@ -17,9 +17,9 @@
 set -u
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = prepare ]; then
-  # The packages the device image lacks (results/gpu/h200_2026-11-27/prepare.sh lists them) and
-  # Multi30k's raw files with the De->En preset's prepared data and vocabulary.
-  [ -d .whl ] || bash results/gpu/h200_2026-11-27/prepare.sh
+  # The packages the device image lacks, Multi30k's raw files and the En->De preset's prepared
+  # data (scripts/device_prepare.sh), then the De->En preset's.
+  bash scripts/device_prepare.sh || exit 1
   SEQ2SEQ_DATA_DIR=$PWD/.gpudata/data CI=1 python train.py --config=configs/multi30k.py:de_en \
     --workdir=/tmp/figures_prepare_run --config.data.cache_dir="$PWD/.gpudata/cache" \
     --config.train.num_steps=2 --config.optim.warmup_steps=1 --config.train.time_budget_minutes=0 \
@@ -80,7 +80,8 @@ out = pathlib.Path(sys.argv[1])
 def busy(name):
   samples = [float(line) for line in (out / f'{name}.smi').read_text().split() if line.strip()] \
       if (out / f'{name}.smi').exists() else []
-  return f', GPU busy {statistics.mean(samples):.0f}% (median {statistics.median(samples):.0f}%)' if samples else ''
+  # Over the whole process, compiling included: a short phase's figure is mostly its compile.
+  return f', GPU busy {statistics.mean(samples):.0f}% of the process' if samples else ''
 for name in ('tiny_k1', 'tiny_k8', 'seeds2', 'seeds4', 'compile_warm'):
   path = out / f'{name}.json'
   if path.exists():

@@ -5,9 +5,13 @@
 # measured with: float32 products as on a CPU; cuBLAS GEMMs (Triton's autotuning compiles for over
 # a minute); no up-front claim of the GPU's memory, so that several processes share it.
 if command -v nvidia-smi > /dev/null; then
-  if [ ! -d /tmp/site ]; then
+  # Installed once per machine, and again when .whl/ holds other wheels than those installed.
+  wheels=$(ls .whl | md5sum)
+  if [ "$(cat /tmp/site/.wheels 2> /dev/null)" != "$wheels" ]; then
+    rm -rf /tmp/site
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl || exit 1
+    echo "$wheels" > /tmp/site/.wheels
   fi
   export PYTHONPATH=/tmp/site:$PWD
 fi

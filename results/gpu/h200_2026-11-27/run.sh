@@ -3,7 +3,7 @@
 # seeds 0-2 with up to LONG steps and seed 0 with the preset's 9,600, all four at once, each run
 # planning its steps to fit BUDGET minutes (train.time_budget_minutes), then eval.py's beam 5 on
 # validation and the three test sets. Run from the repository root on the device machine, with the
-# Python 3.12 wheels in .whl/ and Multi30k plus its prepared cache in .gpudata/ (prepare.sh).
+# Python 3.12 wheels in .whl/ and Multi30k plus its prepared cache in .gpudata/ (scripts/device_prepare.sh).
 # Ran on 2026-11-27 as `LONG=28800 BUDGET=5.5 bash results/gpu/h200_2026-11-27/run.sh`.
 set -u
 OUT=${OUT:-/tmp/gpu_out}; R=${R:-/tmp/r}; mkdir -p "$OUT" "$R"

@@ -8,7 +8,7 @@
 # Seed 0's evaluations use eval.py's default --smallest_batch (8), seed 1's --smallest_batch=64,
 # to time the beam search's compilation both ways on the same machine.
 # ALONE_SEED=N trains and evaluates seed N alone instead (--smallest_batch=64).
-# Needs .whl/ and .gpudata/ from results/gpu/h200_2026-11-27/prepare.sh. Ran on 2026-11-27 as
+# Needs .whl/ and .gpudata/ from scripts/device_prepare.sh. Ran on 2026-11-27 as
 # `bash results/gpu/h200_2026-11-27_long/run.sh`, then `ALONE_SEED=2 BUDGET=4.5 bash ...` (same file).
 set -u
 OUT=${OUT:-/tmp/gpu_out}; R=${R:-/tmp/r}; mkdir -p "$OUT" "$R"
