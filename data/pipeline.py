@@ -57,6 +57,7 @@ class TrainIterator(Iterator[dict]):
       words (counted apart from num_filtered).
     batches_per_epoch: Batches (steps) in every epoch.
     batch_shapes: Every [B, L] shape this process's batches can have.
+    shape_batches: Batches of each of batch_shapes in every epoch.
   """
 
   def __init__(self, iterator: grain.DatasetIterator, plan: batching.BatchPlan,
@@ -68,6 +69,8 @@ class TrainIterator(Iterator[dict]):
     self.batches_per_epoch = plan.batches_per_epoch
     self.batch_shapes = [(int(size) // process_count, int(length))
                          for size, length in zip(plan.batch_sizes, plan.lengths)]
+    rows = np.bincount(plan.row_buckets, minlength=len(plan.lengths))
+    self.shape_batches = [int(count) for count in -(-rows // plan.batch_sizes)]
 
   def __next__(self) -> dict[str, np.ndarray]:
     return next(self._iterator)

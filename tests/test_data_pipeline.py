@@ -1,5 +1,6 @@
 """Training and evaluation batches: content, budget, coverage, resumption, shards."""
 
+import collections
 import json
 
 import numpy as np
@@ -76,8 +77,21 @@ def test_an_epoch_covers_every_kept_pair_once_within_budget(multi30k_config,
     assert (rows, length) in iterator.batch_shapes
     assert batch['decoder_target_tokens'].shape == (rows, length)
     assert batch['epoch'] == 0
+  counted = collections.Counter(batch['encoder_input_tokens'].shape for batch in batches)
+  assert [counted[shape] for shape in iterator.batch_shapes] == iterator.shape_batches
   next_epoch = next(iterator)
   assert next_epoch['epoch'] == 1
+
+
+def test_packing_at_max_length_puts_every_batch_in_one_shape(multi30k_config, multi30k_vocabularies):
+  # What the trainer's notice about several batch shapes advises (training/stepping.py).
+  multi30k_config.update(max_length=24, max_tokens=2000, pack_length=24)
+  iterator = pipeline.make_train_iterator(datasets.resolve(multi30k_config), multi30k_vocabularies,
+                                          seed=3, batch_multiple=8)
+  shapes = {shape for shape, count in zip(iterator.batch_shapes, iterator.shape_batches) if count}
+  assert len(shapes) == 1 and sum(iterator.shape_batches) == iterator.batches_per_epoch
+  batches = _take(iterator, iterator.batches_per_epoch)
+  assert {batch['encoder_input_tokens'].shape for batch in batches} == shapes
 
 
 def test_a_source_word_limit_trains_on_the_short_pairs_only_and_counts_the_rest(multi30k_config,

@@ -15,7 +15,7 @@ import pytest
 from configs import smoke
 from data import datasets
 from data import tokenizer as tokenizer_lib
-from training import run_log, time_budget, trainer
+from training import run_log, stepping, time_budget, trainer
 from training.checkpointing import Checkpointer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -296,6 +296,19 @@ def test_status_json_follows_the_run_at_every_logged_step(tmp_path, data_cache):
   trainer.train_and_evaluate(config, str(tmp_path / 'run'), stop_after_steps=5)
   status = json.loads((tmp_path / 'run' / 'status.json').read_text())
   assert (status['state'], status['step']) == ('running', 4)  # the last logged step
+
+
+def test_the_mixed_shapes_notice_counts_the_batches_off_the_main_shape_and_names_each_cost():
+  shapes = {(110, 32): 141, (73, 48): 7, (55, 64): 1, (40, 80): 0}
+  grouped = stepping.mixed_shapes_notice(shapes, steps_per_call=8, seeds=1, max_length=64)
+  assert grouped.startswith('8 of the 149 batches an epoch are not [110, 32]: a group of '
+                            'train.steps_per_call steps ends at each of them, ')
+  assert grouped.endswith('(data.pack_length=64 packs every pair into one shape)')
+  together = stepping.mixed_shapes_notice(shapes, steps_per_call=1, seeds=3, max_length=64)
+  assert "seeds' batches differ in shape" in together and 'steps_per_call' not in together
+  # Nothing to say: one step at a time, or one shape (an empty bucket is no shape).
+  assert stepping.mixed_shapes_notice(shapes, steps_per_call=1, seeds=1, max_length=64) is None
+  assert stepping.mixed_shapes_notice({(55, 64): 142, (110, 32): 0}, 8, 3, 64) is None
 
 
 def test_steps_per_call_trains_bitwise_as_one_step_per_call_and_resumes_exactly(

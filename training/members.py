@@ -86,6 +86,8 @@ def train_seeds_together(config: ml_collections.ConfigDict, workdirs: list[str],
       for index, (member_config, workdir) in enumerate(zip(configs, workdirs)):
         runs.append(trainer.set_up(member_config, data, workdir, changes[index], console=console,
                                     label=f'seed {seeds[index]}: ', draws_bar=index == 0))
+      trainer.say_mixed_shapes(runs[0], seeds=len(seeds),
+                               say=console.line if console else lambda text: None)
       return _Group(runs, seeds, console).train(stop_after_steps)
     except BaseException:
       for index, workdir in enumerate(workdirs):

@@ -171,6 +171,29 @@ def batch_shape(local_batch: dict) -> tuple[int, ...]:
           + local_batch['encoder_input_tokens'].shape[1:])
 
 
+def mixed_shapes_notice(shape_batches: dict[tuple, int], steps_per_call: int, seeds: int,
+                        max_length: int) -> str | None:
+  """What batches of several shapes cost steps_per_call > 1 and seeds trained together, or None.
+
+  Args:
+    shape_batches: batches an epoch of each [B, L] shape.
+    steps_per_call, seeds: train.steps_per_call, and how many seeds train together.
+    max_length: data.max_length, the pack length that puts every pair in one shape.
+  """
+  shapes = {shape: count for shape, count in shape_batches.items() if count}
+  if len(shapes) < 2 or (steps_per_call == 1 and seeds == 1):
+    return None
+  main = max(shapes, key=shapes.get)
+  costs = []
+  if steps_per_call > 1:
+    costs.append('a group of train.steps_per_call steps ends at each of them')
+  if seeds > 1:
+    costs.append("a step where the seeds' batches differ in shape trains each seed alone")
+  return (f'{sum(shapes.values()) - shapes[main]} of the {sum(shapes.values())} batches an epoch '
+          f'are not {list(main)}: {" and ".join(costs)}, each shape compiling its own step '
+          f'(data.pack_length={max_length} packs every pair into one shape)')
+
+
 class BatchGroups:
   """The training batches as the loop takes them: up to `steps_per_call` consecutive batches of
   one shape at a time, in the iterator's order.

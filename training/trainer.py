@@ -27,7 +27,7 @@ from training import (config_checks, partitioning, periodic_actions as actions, 
                       stop_signals, time_budget, train_state)
 from training.checkpointing import Checkpointer
 from training.optimizer import RunLength, make_optimizer
-from training.stepping import BatchGroups, RunSteps, Schedule, TrainStep
+from training.stepping import BatchGroups, RunSteps, Schedule, TrainStep, mixed_shapes_notice
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -65,6 +65,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     run = None
     try:
       run = set_up(config, data, workdir, changes)
+      say_mixed_shapes(run, seeds=1, say=run.say)
       return _train(run, stop_after_steps)
     except BaseException:
       if first_start and (run is None or not run.progress.steps_this_run) and (
@@ -346,6 +347,15 @@ def _restore(checkpointer: Checkpointer, state: train_state.TrainState, batches:
     say(f'moved the damaged checkpoint of step {damaged} to {aside}')
   multihost_utils.sync_global_devices('damaged checkpoints set aside')
   return latest, state, extra
+
+
+def say_mixed_shapes(run: Run, seeds: int, say: Callable[[str], None]) -> None:
+  """Says what the data's several batch shapes cost `seeds` runs like `run` trained together or
+  several steps per dispatch, if anything."""
+  notice = mixed_shapes_notice(dict(zip(run.train_iter.batch_shapes, run.train_iter.shape_batches)),
+                               run.config.train.steps_per_call, seeds, run.config.data.max_length)
+  if notice:
+    say(notice)
 
 
 def _describe_data(data: datasets.DataSpec, train_iter: pipeline.TrainIterator,
