@@ -4,6 +4,8 @@
 #   SPEC=configs/sweeps/xiong2020.py:converge_key WORKDIR=/tmp/converge OUT=/tmp/out \
 #     DEADLINE_S=540 bash scripts/sweep_on_one_gpu.sh --config.train.steps_per_call=8
 # Arguments after the variables go to every run (scripts/sweep.py's --config.KEY=VALUE, --only).
+# Seeds together and several steps per dispatch pay only with one batch shape: for Multi30k,
+# --config.data.pack_length=64 (its max_length) gives one (docs/performance.md, "Compiling").
 # The points run as POINTS processes of scripts/sweep.py --seeds_together --num_hosts=POINTS, one
 # point each (a small model leaves a GPU idle between steps; several programs fill it);
 # SEEDS_TOGETHER=0 drops --seeds_together, and then each process trains its share of the runs in
