@@ -4,7 +4,10 @@
 # $WORK (default /tmp/figures); figures.txt sums them up, and $OUT receives figures.txt and
 # figures.tgz (the device call brings back only a few files):
 #   tiny_k1     the tiny recipe, one run, one step per dispatch: target tokens/s and its
-#               training shapes compiled on a cold persistent cache
+#               training shape compiled on a cold persistent cache. The tiny phases pack rows of
+#               TINY_PACK (default 64) tokens: every Multi30k pair in one batch shape, so nothing
+#               breaks a group of steps or the seeds' shared step, and one shape compiles
+#               (the recipe's 32 gives three)
 #   tiny_k8     the same with 8 steps per dispatch (train.steps_per_call)
 #   seeds4      four seeds of it trained together (train.py --seeds), against tiny_k1
 #   iwslt_bf16  the IWSLT-size step (6+6, d_model 512, FFN 1024) in bfloat16 at 1,024 x 32 tokens:
@@ -57,7 +60,7 @@ phase() {  # name, then the command; GPU busy sampled every 100 ms while it runs
 tiny() {  # name, then benchmark_train flags
   local name=$1; shift
   phase "$name" python3 -m scripts.benchmark_train --recipe=tiny --steps=$TINY_STEPS \
-    --log_every=$LOG --out="$WORK/$name.json" "$@"
+    --log_every=$LOG --pack_length="${TINY_PACK:-64}" --out="$WORK/$name.json" "$@"
 }
 
 rm -rf /tmp/figures_xla
