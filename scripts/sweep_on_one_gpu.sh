@@ -7,18 +7,19 @@
 # Seeds together and several steps per dispatch pay only with one batch shape: for Multi30k,
 # --config.data.pack_length=64 (its max_length) gives one (docs/performance.md, "Compiling").
 # The points run as POINTS processes of scripts/sweep.py --seeds_together --num_hosts=POINTS, one
-# point each (a small model leaves a GPU idle between steps; several programs fill it);
-# SEEDS_TOGETHER=0 drops --seeds_together, and then each process trains its share of the runs in
-# turn (POINTS=12 for converge_key's 12 runs at once). EVAL_S
-# (default 75) before DEADLINE_S they get SIGTERM: every run saves a checkpoint and says where it
-# stopped, and the same command resumes them. Then eval.py on SPLIT (default test_2016, beam 5) for
-# every run with a checkpoint, all at once. The pack leaves out checkpoints and tokenizers, and is
-# refreshed every minute, so a call cut short still brings back what was logged.
+# point each (a small model leaves a GPU idle between steps; several programs fill it).
+# SEEDS_TOGETHER=0 drops --seeds_together: each process then trains its share of the runs in turn
+# (POINTS=12 for converge_key's 12 runs at once). EVAL_S (default 75) before DEADLINE_S they get
+# SIGTERM: every run saves a checkpoint and says where it stopped, and the same command resumes
+# them. Then eval.py on SPLIT (default test_2016, beam 5) for every run with a checkpoint, all at
+# once. The pack leaves out checkpoints and tokenizers, and is refreshed every minute, so a call
+# cut short still brings back what was logged.
 set -u
 cd "$(dirname "$0")/.."
 SPEC=${SPEC:?set SPEC to a sweep, e.g. configs/sweeps/xiong2020.py:converge_key}
 WORKDIR=${WORKDIR:?set WORKDIR to the sweep folder}; OUT=${OUT:?set OUT to the folder the pack goes to}
-POINTS=${POINTS:-4}; TOGETHER=$([ "${SEEDS_TOGETHER:-1}" = 1 ] && echo --seeds_together); EVAL_S=${EVAL_S:-75}; SPLIT=${SPLIT:-test_2016}
+POINTS=${POINTS:-4}; EVAL_S=${EVAL_S:-75}; SPLIT=${SPLIT:-test_2016}
+TOGETHER=$([ "${SEEDS_TOGETHER:-1}" = 1 ] && echo --seeds_together)
 DEADLINE=$((SECONDS + ${DEADLINE_S:-540}))
 mkdir -p "$WORKDIR" "$OUT"
 source scripts/device_setup.sh
