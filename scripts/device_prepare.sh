@@ -4,7 +4,8 @@
 # Multi30k with its prepared data, tokenizer and token ids in .gpudata/. Both folders are
 # git-ignored (.git/info/exclude) and travel to the device machine with the working tree
 # (`carry`). Its image brings jax 0.11.2 with CUDA, flax, optax, orbax, sentencepiece and sacrebleu.
-# Run it through `bash scripts/accelerator_figures.sh prepare`, which adds the De->En preset's data.
+# `bash scripts/accelerator_figures.sh prepare` runs it. The prepared data and joint vocabulary
+# serve both directions: a De->En run adds nothing to the cache.
 set -euo pipefail
 grep -qx /.whl/ .git/info/exclude 2> /dev/null || printf '/.whl/\n/.gpudata/\n' >> .git/info/exclude
 wheels() {
