@@ -58,7 +58,7 @@ tiny() {  # name, then benchmark_train flags
     --log_every=$LOG --pack_length="${TINY_PACK:-64}" --out="$WORK/$name.json" "$@"
 }
 
-rm -rf /tmp/figures_xla
+rm -rf /tmp/figures_xla /tmp/figures_tiny_k1  # a cold cache, and no earlier run for tiny_k1 to resume
 tiny tiny_k1 --workdir=/tmp/figures_tiny_k1
 tiny tiny_k8 --steps_per_call=8
 tiny seeds$SEEDS --seeds=$SEEDS
