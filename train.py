@@ -5,9 +5,16 @@
   python train.py --helpconfig    # every --config.SECTION.FIELD with its default and meaning
 
   python train.py --config=configs/multi30k.py --workdir=runs/m30k_seeds --seeds=0,1,2,3
+  python train.py --config=configs/sweeps/xiong2020.py:converge_key \
+      --workdir='runs/post,warmup={optim.warmup_steps},seed={seed}' \
+      --config.model.norm_position=post --vary=optim.warmup_steps=0,4000 --seeds=0,1,2
 
---seeds trains those seeds of the config together, as one compiled program (training/members.py),
-each in its own run folder: --workdir with '{seed}' replaced, else WORKDIR/seed=N.
+--seeds and --vary train members of the config together, as one compiled program
+(training/members.py): each --seeds value once for each --vary column (--vary lists give one
+value per member, zipped, so the second command trains 6 runs). A member may differ in seed,
+peak rate (optim.learning_rate) and warmup (optim.warmup_steps). Each member has its own run
+folder: --workdir with '{seed}' and '{KEY}' replaced, else WORKDIR/seed=N (or
+WORKDIR/warmup_steps=W,seed=N and so on).
 Re-running the same command on an existing workdir resumes from its latest checkpoint
 (params, optimizer state, step and data-iterator position; dropout keys derive from the step).
 The loop is training/trainer.py; what the workdir receives, training/run_dir.py.
@@ -26,6 +33,9 @@ WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (created or resume
 SEEDS = flags.DEFINE_list('seeds', None, 'Train these train.seed values together in one compiled '
                           "program, each in its own run folder (--workdir with '{seed}' replaced, "
                           'else WORKDIR/seed=N).')
+VARY = flags.DEFINE_multi_string('vary', [], 'KEY=V1,V2,...: members trained together differ in '
+                                 'KEY (optim.learning_rate, optim.warmup_steps or train.seed), one '
+                                 "value per member; '{KEY}' in --workdir names each one's folder.")
 command_line.define_config_flag()
 # Listed by --help (flags defined in another module are otherwise shown only by --helpfull).
 flags.declare_key_flag('config')
@@ -43,8 +53,13 @@ def main(argv):
   if MULTIPROCESS.value:
     partitioning.initialize_distributed(COORDINATOR_ADDRESS.value, NUM_PROCESSES.value, PROCESS_ID.value)
   config = command_line.config_from_flags()
-  seeds = _seeds(SEEDS.value)
-  workdirs = members.member_workdirs(WORKDIR.value, seeds) if seeds else [WORKDIR.value]
+  try:
+    group = members.parse_members(SEEDS.value, VARY.value) if SEEDS.value or VARY.value else None
+    workdirs = members.member_workdirs(WORKDIR.value, group) if group else [WORKDIR.value]
+    if group:
+      members.member_configs(config, group)  # each value parses as its field's type
+  except ValueError as error:
+    raise SystemExit(str(error)) from None
   try:
     for workdir in workdirs:
       run_dir.check_reachable(workdir)
@@ -52,7 +67,7 @@ def main(argv):
   except run_dir.RunFolderError as error:
     raise SystemExit(str(error)) from None
   try:
-    # Seeds trained together share one process: each member's train.log holds its library log.
+    # Members trained together share one process: each member's train.log holds its library log.
     for workdir in workdirs[1:]:
       run_log.add_library_log_file(run_dir.path(workdir, run_dir.LOG_FILE))
     run_log.route_library_logging(run_dir.path(workdirs[0], run_dir.LOG_FILE),
@@ -63,8 +78,8 @@ def main(argv):
   # (10-20 s per batch shape on a 2-core CPU).
   jax.config.update('jax_compilation_cache_dir', str(datasets.compilation_cache_dir(config.data)))
   try:
-    if seeds:
-      members.train_seeds_together(config, workdirs, seeds)
+    if group:
+      members.train_members(config, workdirs, group)
     else:
       trainer.train_and_evaluate(config, WORKDIR.value)
   except run_log.DivergenceError as error:
@@ -87,13 +102,6 @@ def main(argv):
     # Ctrl-C before training started (while preparing data or compiling): nothing to save.
     print('interrupted before training started', file=sys.stderr, flush=True)
     sys.exit(130)
-
-
-def _seeds(values: list[str] | None) -> list[int]:
-  try:
-    return [int(value) for value in values or []]
-  except ValueError:
-    raise SystemExit(f'--seeds={",".join(values)}: expected integers, e.g. --seeds=0,1,2') from None
 
 
 if __name__ == '__main__':

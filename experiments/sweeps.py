@@ -35,6 +35,7 @@ from etils import epath
 import ml_collections
 
 from training import command_line
+from training.members import MEMBER_FIELDS
 from training.run_dir import CHECKPOINT_DIR, STATUS_FILE, replace_text
 
 SWEEP_FILE = 'sweep.json'
@@ -220,35 +221,50 @@ def expand(spec: str, workdir: str, extra_args: list[str] = (), seeds: int | Non
   return runs
 
 
-def seed_groups(runs: list[Run]) -> list[list[Run]]:
-  """The runs in groups that differ only in train.seed (a point's seeds), in sweep order."""
+def _member_text(value: Any) -> str | None:
+  """A member field's value as train.py --vary reads it and the run's name writes it, or None
+  where the name's text would not parse back to the value (a rate of more than 6 digits)."""
+  text = _name_value(value)
+  return text if type(value)(text) == value else None
+
+
+def member_groups(runs: list[Run]) -> list[list[Run]]:
+  """The runs in groups that differ only in the fields members trained together may differ in
+  (training/members.py: seed, peak rate, warmup), in sweep order."""
   groups: dict[tuple, list[Run]] = {}
   for run in runs:
-    point = tuple((key, repr(value)) for key, value in run.overrides.items() if key != SEED_FIELD)
+    point = (tuple(run.overrides),  # the same fields, so that one name template fits them all
+             *((key, repr(value)) for key, value in run.overrides.items()
+               if key not in MEMBER_FIELDS or _member_text(value) is None))
     groups.setdefault(point, []).append(run)
   return list(groups.values())
 
 
 def train_args(runs: list[Run]) -> tuple[str, ...]:
-  """train.py's arguments that train `runs`: one run's own, or one point's seeds as one program
-  (--seeds): the first run's, its seed left out and its folder a template whose '{seed}' each
-  seed fills in."""
+  """train.py's arguments that train `runs`: one run's own, or a member group's as one program:
+  the first run's, less the fields the group varies, its folder a template with a placeholder
+  for each, and --seeds (only seeds vary) or one --vary per field, a value per run."""
   if len(runs) == 1:
     return runs[0].args
   first = runs[0]
-  seed = first.overrides[SEED_FIELD]
-  suffix = f'={_name_value(seed)}'
-  if not first.name.endswith(suffix):
-    raise ValueError(f'run {first.name}: its name does not end in its seed, {suffix[1:]}')
-  template = first.name[:-len(suffix)] + '={seed}'
+  varied = [key for key in MEMBER_FIELDS if len({repr(run.overrides.get(key)) for run in runs}) > 1]
+  parts = first.name.split(',')
+  if len(parts) != len(first.overrides):
+    raise ValueError(f'run {first.name}: its name does not list its {len(first.overrides)} fields')
+  template = ','.join(
+      part.split('=', 1)[0] + '=' + ('{seed}' if key == SEED_FIELD else '{' + key + '}')
+      if key in varied else part for key, part in zip(first.overrides, parts))
   args = []
   for arg in first.args:
     if arg.startswith('--workdir='):
       arg = '--workdir=' + os.path.join(os.path.dirname(arg[len('--workdir='):]), template)
-    elif arg.startswith(f'--config.{SEED_FIELD}='):
+    elif any(arg.startswith(f'--config.{key}=') for key in varied):
       continue
     args.append(arg)
-  return (*args, '--seeds=' + ','.join(str(run.overrides[SEED_FIELD]) for run in runs))
+  if varied == [SEED_FIELD]:
+    return (*args, '--seeds=' + ','.join(str(run.overrides[SEED_FIELD]) for run in runs))
+  return (*args, *(f'--vary={key}=' + ','.join(_member_text(run.overrides[key]) for run in runs)
+                   for key in varied))
 
 
 def host_share(units: list, num_hosts: int, host_index: int) -> list:

@@ -116,8 +116,9 @@ def measure(config, workdir: str, seeds: int = 1) -> dict:
     workdirs = [workdir]
     trainer.train_and_evaluate(config, workdir)
   else:
-    workdirs = members.member_workdirs(workdir, list(range(seeds)))
-    members.train_seeds_together(config, workdirs, list(range(seeds)))
+    group = members.parse_members([str(seed) for seed in range(seeds)], [])
+    workdirs = members.member_workdirs(workdir, group)
+    members.train_members(config, workdirs, group)
   member_windows = []
   for run in workdirs:
     records = [json.loads(line) for line in Path(run, METRICS_FILE).read_text().splitlines()]

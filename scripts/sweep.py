@@ -23,8 +23,9 @@ or Ctrl-C is passed to the running train.py, which saves and stops, and then the
 train.py whose sweep is killed outright gets SIGTERM too, so no run is left training behind a
 re-run's back. --dry_run prints one shell command per run (of this host's share), for a launcher
 of your own, and writes nothing. Arguments --config.KEY=VALUE are given to every run. --seeds=N
-repeats every point over train.seed 0 .. N-1; --seeds_together trains them in one train.py, as one
-compiled program (training/members.py), each still in its own run folder. Exit status
+repeats every point over train.seed 0 .. N-1; --together trains the runs that differ only in seed,
+peak rate and warmup in one train.py, as one compiled program (training/members.py), each still in
+its own run folder. Exit status
 1 when a run failed; diverging is a result.
 """
 
@@ -54,8 +55,9 @@ ONLY = flags.DEFINE_multi_string('only', [], 'Only the runs whose name contains 
                                  '(repeatable: any of them).')
 SEEDS = flags.DEFINE_integer('seeds', None, 'Repeat every point with train.seed 0 .. SEEDS-1 (default: '
                              "the sweep config's seeds(preset), else 1); the report gives mean and std.")
-SEEDS_TOGETHER = flags.DEFINE_bool('seeds_together', False, "Train each point's seeds that still "
-                                    'need training as one program (train.py --seeds; here only).')
+TOGETHER = flags.DEFINE_bool('together', False, 'Train each group of runs that differ only in seed, '
+                              'peak rate and warmup, those that still need training, as one '
+                              'program (train.py --seeds or --vary; here only).')
 RERUN_DIVERGED = flags.DEFINE_bool('rerun_diverged', False, 'Resume diverged runs as well, after '
                                    'changing what made them diverge.')
 NUM_HOSTS = flags.DEFINE_integer('num_hosts', 1, 'Hosts splitting the runs, each training its '
@@ -115,7 +117,7 @@ class Forwarder:
 
 
 def execute(runs: list[sweeps.Run], workdir: str, labels: list[str], forwarder: Forwarder) -> list[str]:
-  """Trains (or skips) runs in one train.py subprocess: one run, or one point's seeds together
+  """Trains (or skips) runs in one train.py subprocess: one run, or a group's members together
   (those that still need training); returns each run's state afterwards."""
   run_dirs = [os.path.join(workdir, run.name) for run in runs]
   actions = [sweeps.plan(run_dir, run.config, rerun_diverged=RERUN_DIVERGED.value)
@@ -131,7 +133,7 @@ def execute(runs: list[sweeps.Run], workdir: str, labels: list[str], forwarder: 
   log_path = run_dir_lib.path(run_dirs[pending[0]], run_dir_lib.LOG_FILE)
   for index in pending:
     epath.Path(run_dirs[index]).mkdir(parents=True, exist_ok=True)
-    together = ' (seeds together)' if len(pending) > 1 else ''
+    together = ' (trained together)' if len(pending) > 1 else ''
     print(f'{labels[index]}: {actions[index]}{together}, log in {log_path}', flush=True)
   code, seconds = _train_subprocess([sys.executable, sweeps.TRAIN_SCRIPT, *args], log_path,
                                     ' '.join(sorted({actions[index] for index in pending})),
@@ -178,17 +180,17 @@ def check_modes() -> None:
   if MULTIPROCESS.value and NUM_HOSTS.value > 1:
     raise ValueError('--multiprocess (each run on every host) and --num_hosts (runs split over '
                      'hosts) are two different modes; give one')
-  if SEEDS_TOGETHER.value and (MULTIPROCESS.value or LAUNCHER.value == 'slurm'):
-    raise ValueError('--seeds_together trains a point\'s seeds in one train.py here (or per host '
-                     'with --num_hosts); not with --multiprocess or --launcher=slurm')
+  if TOGETHER.value and (MULTIPROCESS.value or LAUNCHER.value == 'slurm'):
+    raise ValueError('--together trains a group of runs in one train.py here (or per host with '
+                     '--num_hosts); not with --multiprocess or --launcher=slurm')
   if LAUNCHER.value == 'slurm' and (MULTIPROCESS.value or NUM_HOSTS.value > 1):
     raise ValueError('--launcher=slurm places the runs itself: drop --multiprocess and --num_hosts '
                      '(--slurm_nodes trains one run over several nodes)')
 
 
 def _units(runs: list[sweeps.Run]) -> list[list[sweeps.Run]]:
-  """What each train.py trains: one run, or with --seeds_together one point's seeds."""
-  return sweeps.seed_groups(runs) if SEEDS_TOGETHER.value else [[run] for run in runs]
+  """What each train.py trains: one run, or with --together a group of members."""
+  return sweeps.member_groups(runs) if TOGETHER.value else [[run] for run in runs]
 
 
 def train_here(runs: list[sweeps.Run], workdir: str) -> collections.Counter:

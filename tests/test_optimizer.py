@@ -66,6 +66,28 @@ def test_schedule_matches_closed_form(name, warmup, length_traced):
 
 
 @pytest.mark.parametrize('name', ['inverse_sqrt', 'cosine', 'linear', 'constant', 'step'])
+def test_traced_peak_and_warmup_give_each_member_its_own_configs_schedule(name):
+  """ScheduleValues as the compiled step of members trained together takes them, [M] float32
+  arrays vmapped with the run's length traced: each member follows the closed form of its own peak
+  and warmup, a warmup of 0 (the decay from the first step) included. 'step' places its epoch
+  boundaries from the config's warmup, so its members share it."""
+  members = [(PEAK, 10), (PEAK / 4, 10 if name == 'step' else 0), (PEAK * 3, 50)][
+      :2 if name == 'step' else 3]
+  optim = _optim(schedule=name, warmup_steps=10, decay_epochs=(2, 5), decay_factor=0.5)
+  peaks, warmups = (jnp.asarray(column, jnp.float32) for column in zip(*members))
+
+  def member_rates(peak, warmup, length):
+    schedule = make_schedule(optim, steps_per_epoch=10, total_steps=length,
+                             values=optimizer.ScheduleValues(peak, warmup))
+    return jax.vmap(schedule)(jnp.asarray(STEPS, jnp.int32))
+
+  rates = jax.jit(jax.vmap(member_rates, in_axes=(0, 0, None)))(peaks, warmups, 110)
+  for (peak, warmup), member in zip(members, np.asarray(rates)):
+    expected = _reference(name, STEPS, warmup=warmup, total=110) * peak / PEAK
+    np.testing.assert_allclose(member, expected, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize('name', ['inverse_sqrt', 'cosine', 'linear', 'constant', 'step'])
 def test_a_fixed_run_length_as_the_compiled_step_takes_it_is_the_int_lengths_schedule(name):
   """The trainer passes RunLength.fixed(T) as float32 scalars where it passed T as an int32: a run
   never revised keeps its learning rates, to float32 rounding (XLA may fuse the two programs'

@@ -284,32 +284,35 @@ def test_sweep_trains_its_runs_then_skips_finished_ones_and_resumes_a_killed_one
   assert (second / 'train.log').read_text().count('# scripts/sweep.py') == 2
 
 
-def test_hosts_splitting_a_sweep_with_seeds_together_each_train_whole_points(tmp_path):
-  # converge_key: 4 points x 3 seeds. Split by run, host 0 would get seed 0 of one point, seed 1
-  # of the next...; split by point, each host's train.py trains one point's three seeds.
-  shares = [run_sweep_cli(f'{XIONG}:converge_key', f'--workdir={tmp_path}', '--seeds_together',
+def test_together_groups_the_runs_that_differ_in_member_fields_and_hosts_split_by_group(tmp_path):
+  # converge_key: Post-LN and Pre-LN x warmup {0, 4000} x 3 seeds. Warmup and seed enter the
+  # compiled step as arguments, so each placement's 6 runs train as one program; hosts split the
+  # sweep by those groups, never a group over two hosts.
+  shares = [run_sweep_cli(f'{XIONG}:converge_key', f'--workdir={tmp_path}', '--together',
                           '--num_hosts=2', f'--host_index={host}', '--dry_run') for host in (0, 1)]
   commands = [[shlex.split(line) for line in share.stdout.splitlines()] for share in shares]
-  assert [len(host) for host in commands] == [2, 2]
-  points = [[next(arg for arg in command if arg.startswith('--workdir=')) for command in host]
-            for host in commands]
-  assert points == [[f'--workdir={tmp_path}/norm_position=post,warmup=0,seed={{seed}}',
-                     f'--workdir={tmp_path}/norm_position=pre,warmup=0,seed={{seed}}'],
-                    [f'--workdir={tmp_path}/norm_position=post,warmup=4000,seed={{seed}}',
-                     f'--workdir={tmp_path}/norm_position=pre,warmup=4000,seed={{seed}}']]
-  assert all(command[-1] == '--seeds=0,1,2' for host in commands for command in host)
+  assert [len(host) for host in commands] == [1, 1]
+  for host, placement in zip(commands, ('post', 'pre')):
+    [command] = host
+    assert (f'--workdir={tmp_path}/norm_position={placement},warmup={{optim.warmup_steps}},'
+            'seed={seed}') in command
+    assert command[-2:] == ['--vary=optim.warmup_steps=0,0,0,4000,4000,4000',
+                            '--vary=train.seed=0,1,2,0,1,2']
+    assert f'--config.model.norm_position={placement}' in command
+    assert not any(arg.startswith(('--config.optim.warmup_steps', '--config.train.seed'))
+                   for arg in command)
 
 
-def test_seeds_together_train_a_points_seeds_in_one_process_each_in_its_own_folder(
+def test_together_trains_a_points_seeds_in_one_process_each_in_its_own_folder(
     tmp_path, data_cache):
   spec = write_two_seed_sweep(tmp_path, data_cache)
   workdir = tmp_path / 'sweep'
-  dry = run_sweep_cli(spec, f'--workdir={workdir}', '--seeds_together', '--dry_run')
+  dry = run_sweep_cli(spec, f'--workdir={workdir}', '--together', '--dry_run')
   [command] = dry.stdout.strip().splitlines()
   assert f"'--workdir={workdir}/seed={{seed}}'" in command and command.endswith('--seeds=0,1')
-  result = run_sweep_cli(spec, f'--workdir={workdir}', '--seeds_together')
+  result = run_sweep_cli(spec, f'--workdir={workdir}', '--together')
   assert result.returncode == 0, result.stdout + result.stderr
-  assert f'[2/2] seed=1: start (seeds together), log in {workdir}/seed=0/train.log' in result.stdout
+  assert f'[2/2] seed=1: start (trained together), log in {workdir}/seed=0/train.log' in result.stdout
   assert result.stdout.strip().splitlines()[-1] == f'sweep {workdir}: 2 runs: 2 finished, 0 diverged, 0 failed'
   for seed in (0, 1):
     run_dir = workdir / f'seed={seed}'
@@ -317,5 +320,5 @@ def test_seeds_together_train_a_points_seeds_in_one_process_each_in_its_own_fold
     assert json.loads((run_dir / 'status.json').read_text())['state'] == 'finished'
     assert sorted(os.listdir(run_dir / 'checkpoints')) == ['2', '4']
   assert 'seed 1: step 4: validation loss' in (workdir / 'seed=0' / 'train.log').read_text()
-  again = run_sweep_cli(spec, f'--workdir={workdir}', '--seeds_together')
+  again = run_sweep_cli(spec, f'--workdir={workdir}', '--together')
   assert '[2/2] seed=1: finished at step 4, skipped' in again.stdout

@@ -300,14 +300,14 @@ def test_status_json_follows_the_run_at_every_logged_step(tmp_path, data_cache):
 
 def test_the_mixed_shapes_notice_counts_the_batches_off_the_main_shape_and_names_each_cost():
   shapes = {(110, 32): 141, (73, 48): 7, (55, 64): 1, (40, 80): 0}
-  grouped = stepping.mixed_shapes_notice(shapes, steps_per_call=8, seeds=1, max_length=64)
+  grouped = stepping.mixed_shapes_notice(shapes, steps_per_call=8, members=1, max_length=64)
   assert grouped.startswith('8 of the 149 batches an epoch are not [110, 32]: a group of '
                             'train.steps_per_call steps ends at each of them, ')
   assert grouped.endswith('(data.pack_length=64 packs every pair into one shape)')
-  together = stepping.mixed_shapes_notice(shapes, steps_per_call=1, seeds=3, max_length=64)
-  assert "seeds' batches differ in shape" in together and 'steps_per_call' not in together
+  together = stepping.mixed_shapes_notice(shapes, steps_per_call=1, members=3, max_length=64)
+  assert "members' batches differ in shape" in together and 'steps_per_call' not in together
   # Nothing to say: one step at a time, or one shape (an empty bucket is no shape).
-  assert stepping.mixed_shapes_notice(shapes, steps_per_call=1, seeds=1, max_length=64) is None
+  assert stepping.mixed_shapes_notice(shapes, steps_per_call=1, members=1, max_length=64) is None
   assert stepping.mixed_shapes_notice({(55, 64): 142, (110, 32): 0}, 8, 3, 64) is None
 
 

@@ -1,12 +1,15 @@
-"""Seeds of one config trained together: one compiled step, vmapped over a leading member axis.
+"""Members trained together: one compiled step, vmapped over a leading member axis.
 
-`train_seeds_together(config, workdirs, seeds)` trains train.seed = seeds[i] in workdirs[i]. Each
-member is an ordinary run: its own initialisation, dropout key and data order (its seed's), its
-own run folder with config.json, metrics, validations, checkpoints and status, which it resumes
-from alone or in a group. What it shares with the others is the compiled program: parameters,
-optimizer state and metric sums stacked along a leading axis [M, ...], and each step's batches
-[M, B, ...] (or [M, K, B, ...] with train.steps_per_call K), so that a small model fills an
-accelerator that one run leaves idle (docs/performance.md measures whether it pays).
+The members are runs of one config that differ only in `MEMBER_FIELDS`: the seed, the peak rate
+and the warmup, which enter the compiled step as arguments (the dropout key and
+`optimizer.ScheduleValues`), not as constants. `train_members(config, workdirs, members)` trains
+member i, the config with members[i]'s values, in workdirs[i]. Each member is an ordinary run:
+its own initialisation, dropout key and data order (its seed's) and learning rates, its own run
+folder with config.json, metrics, validations, checkpoints and status, which it resumes from alone
+or in a group. What it shares with the others is the compiled program: parameters, optimizer
+state and metric sums stacked along a leading axis [M, ...], and each step's batches [M, B, ...]
+(or [M, K, B, ...] with train.steps_per_call K), so that a small model fills an accelerator that
+one run leaves idle (docs/performance.md measures whether it pays).
 
 Each member's batches come from its own data order, so at some steps their shapes differ (packed
 rows beside a bucket of longer pairs): such a step trains each member alone on its slice of the
@@ -29,49 +32,129 @@ import numpy as np
 from training import config_checks, partitioning, run_dir, run_log, stop_signals, train_state
 from training import trainer
 from training.stepping import TrainStep, batch_shape, compiled_step_functions, dropout_key
+from training.stepping import schedule_values
+
+# The fields members may differ in, and their names in a member's folder and label, seed last.
+MEMBER_FIELDS = {'optim.learning_rate': 'learning_rate', 'optim.warmup_steps': 'warmup_steps',
+                 'train.seed': 'seed'}
 
 
-def check_members(config: ml_collections.ConfigDict, workdirs: list[str], seeds: list[int]) -> None:
+def parse_members(seeds: list[str], varied: list[str]) -> list[dict[str, str]]:
+  """The members train.py's --seeds and --vary ask for: each member's fields as their text.
+
+  Args:
+    seeds: --seeds, e.g. ['0', '1', '2']: every member below once per seed.
+    varied: --vary values 'KEY=V1,V2,...', each KEY one of MEMBER_FIELDS and each list one value
+      per member (zipped, so that any set of points can train together).
+
+  Raises:
+    ValueError: one line naming the flag and what was expected.
+  """
+  lists = {}
+  for text in varied:
+    key, equals, values = text.partition('=')
+    if not equals or not values:
+      raise ValueError(f'--vary={text}: expected KEY=V1,V2,... e.g. --vary=optim.learning_rate='
+                       '5e-4,1e-3')
+    if key not in MEMBER_FIELDS or key in lists:
+      raise ValueError(f'--vary={text}: {key} is not one of {", ".join(MEMBER_FIELDS)}, once each '
+                       '(the fields that enter the compiled step as arguments)')
+    lists[key] = values.split(',')
+  if len({len(values) for values in lists.values()}) > 1:
+    raise ValueError(f'--vary: the lists give one value per member, so they must be equally long, '
+                     f'not {", ".join(f"{key}: {len(values)}" for key, values in lists.items())}')
+  if seeds and 'train.seed' in lists:
+    raise ValueError('--seeds and --vary=train.seed both set the seeds; give one')
+  points = [dict(zip(lists, values)) for values in zip(*lists.values())] or [{}]
+  if not seeds:
+    return points
+  return [{**point, 'train.seed': seed} for point in points for seed in seeds]
+
+
+def member_configs(config: ml_collections.ConfigDict,
+                   members: list[dict[str, str]]) -> list[ml_collections.ConfigDict]:
+  """`config` with each member's values, parsed as the field's type."""
+  configs = []
+  for member in members:
+    member_config = ml_collections.ConfigDict(config.to_dict())
+    for key, text in member.items():
+      section, name = key.split('.')
+      kind = type(config[section][name])
+      try:
+        member_config[section][name] = kind(text)
+      except ValueError:
+        raise ValueError(f'{key}={text}: expected a value of type {kind.__name__}') from None
+    configs.append(member_config)
+  return configs
+
+
+def member_workdirs(workdir: str, members: list[dict[str, str]]) -> list[str]:
+  """Each member's run folder: `workdir` with '{seed}' and '{KEY}' (each varied field's) replaced
+  by the member's text, or WORKDIR/learning_rate=V,...,seed=N without a '{'."""
+  varied = _varied(members)
+  placeholder = lambda key: '{seed}' if key == 'train.seed' else '{' + key + '}'
+  if '{' not in workdir:
+    return [f'{workdir.rstrip("/")}/' + ','.join(f'{MEMBER_FIELDS[key]}={member[key]}'
+                                                  for key in varied) for member in members]
+  for key in varied:
+    if placeholder(key) not in workdir:
+      raise ValueError(f'--workdir={workdir}: the members differ in {key}, so it needs '
+                       f'{placeholder(key)} (or no placeholder at all)')
+  folders = []
+  for member in members:
+    folder = workdir
+    for key, text in member.items():
+      folder = folder.replace(placeholder(key), text)
+    folders.append(folder)
+  return folders
+
+
+def _varied(members: list[dict[str, str]]) -> list[str]:
+  """The fields whose values differ between members, in MEMBER_FIELDS' order."""
+  return [key for key in MEMBER_FIELDS if len({member.get(key) for member in members}) > 1]
+
+
+def check_members(config: ml_collections.ConfigDict, workdirs: list[str],
+                  members: list[dict[str, str]]) -> None:
   """One-line refusals of a group that cannot train as one program, before anything is written."""
-  if len(seeds) < 2:
-    raise ValueError(f'seeds trained together: {len(seeds)} seed given, expected at least 2')
-  if len(set(seeds)) != len(seeds) or len(set(workdirs)) != len(workdirs):
-    raise ValueError(f'seeds trained together: seeds {seeds} and their run folders must differ')
+  if len(members) < 2:
+    raise ValueError(f'members trained together: {len(members)} given, expected at least 2')
+  if (len({tuple(sorted(member.items())) for member in members}) != len(members)
+      or len(set(workdirs)) != len(workdirs)):
+    raise ValueError(f'members trained together: {members} and their run folders must differ')
+  unknown = {key for member in members for key in member} - set(MEMBER_FIELDS)
+  if unknown:
+    raise ValueError(f'members trained together differ only in {", ".join(MEMBER_FIELDS)}, not '
+                     f'{", ".join(sorted(unknown))}')
   if config.train.time_budget_minutes:
-    raise ValueError('config.train.time_budget_minutes: seeds trained together need a fixed '
+    raise ValueError('config.train.time_budget_minutes: members trained together need a fixed '
                      'length (0, with train.num_steps), not a time budget each member plans alone')
   if config.train.num_epochs:
-    raise ValueError('config.train.num_epochs: seeds trained together need train.num_steps (their '
-                     'data orders pack into different numbers of batches per epoch)')
+    raise ValueError('config.train.num_epochs: members trained together need train.num_steps '
+                     '(their data orders pack into different numbers of batches per epoch)')
   if config.optim.schedule == 'step':
     raise ValueError("config.optim.schedule: 'step' decays at epochs, whose lengths differ between "
-                     "the seeds' data orders; seeds trained together need a schedule in steps")
+                     "the seeds' data orders; members trained together need a schedule in steps")
 
 
-def member_workdirs(workdir: str, seeds: list[int]) -> list[str]:
-  """Each seed's run folder: `workdir` with '{seed}' replaced, or WORKDIR/seed=N without one."""
-  if '{seed}' in workdir:
-    return [workdir.replace('{seed}', str(seed)) for seed in seeds]
-  return [f'{workdir.rstrip("/")}/seed={seed}' for seed in seeds]
-
-
-def train_seeds_together(config: ml_collections.ConfigDict, workdirs: list[str], seeds: list[int],
-                         *, stop_after_steps: int | None = None) -> list[train_state.TrainState]:
-  """Trains `config` with train.seed = seeds[i] in workdirs[i], all in one compiled step.
+def train_members(config: ml_collections.ConfigDict, workdirs: list[str],
+                  members: list[dict[str, str]], *,
+                  stop_after_steps: int | None = None) -> list[train_state.TrainState]:
+  """Trains `config` with members[i]'s values in workdirs[i], all in one compiled step.
 
   Raises what train_and_evaluate raises, for the first member concerned; a divergence only once
   every member diverged.
 
   Returns:
-    The final states of the members that did not diverge, in the order of `seeds`.
+    The final states of the members that did not diverge, in the order of `members`.
   """
-  check_members(config, workdirs, seeds)
+  check_members(config, workdirs, members)
+  configs = member_configs(config, members)
   data = config_checks.check_config(config)
-  configs = []
-  for seed in seeds:
-    member_config = ml_collections.ConfigDict(config.to_dict())
-    member_config.train.seed = seed
-    configs.append(member_config)
+  for member_config in configs:
+    config_checks.check_config(member_config)
+  labels = [', '.join(f'{MEMBER_FIELDS[key]} {member[key]}' for key in _varied(members))
+            for member in members]
   with contextlib.ExitStack() as claims:
     first_starts, changes = [], []
     for member_config, workdir in zip(configs, workdirs):
@@ -85,10 +168,11 @@ def train_seeds_together(config: ml_collections.ConfigDict, workdirs: list[str],
       console = run_log.Console() if jax.process_index() == 0 else None
       for index, (member_config, workdir) in enumerate(zip(configs, workdirs)):
         runs.append(trainer.set_up(member_config, data, workdir, changes[index], console=console,
-                                    label=f'seed {seeds[index]}: ', draws_bar=index == 0))
-      trainer.say_mixed_shapes(runs[0], seeds=len(seeds),
+                                    label=f'{labels[index]}: ',
+                                    draws_bar=index == 0))
+      trainer.say_mixed_shapes(runs[0], members=len(members),
                                say=console.line if console else lambda text: None)
-      return _Group(runs, seeds, console).train(stop_after_steps)
+      return _Group(runs, console).train(stop_after_steps)
     except BaseException:
       for index, workdir in enumerate(workdirs):
         started = index < len(runs) and runs[index].progress.steps_this_run
@@ -109,13 +193,18 @@ class MemberStep(TrainStep):
   """TrainStep over members: the vmapped step for batches of one shape, and one member's step on
   its slice of the stacked state for a step whose members' batches differ in shape."""
 
-  def __init__(self, config: ml_collections.ConfigDict, run: 'trainer.Run', seeds: list[int],
-               mesh, clocks):
-    """`run`: any member (its model, step counts and slicing); `clocks`: what compiling pauses."""
+  def __init__(self, configs: list[ml_collections.ConfigDict], run: 'trainer.Run', mesh, clocks):
+    """`configs`: the members'; `run`: any member (its model, step counts and slicing); `clocks`:
+    what compiling pauses."""
     self._mesh, self._clock = mesh, clocks
     replicated = partitioning.replicated(mesh)
-    self._dropout_key = jax.jit(lambda: jnp.stack([dropout_key(seed) for seed in seeds]),
+    self._dropout_key = jax.jit(lambda: jnp.stack([dropout_key(config.train.seed)
+                                                   for config in configs]),
                                 out_shardings=replicated)()  # [M, 2]
+    self._schedule_values = jax.jit(lambda: _stack([schedule_values(config.optim)
+                                                    for config in configs]),
+                                    out_shardings=replicated)()  # [M] each
+    config = configs[0]
     self.microbatch_tokens = run.train_step.microbatch_tokens
     self.steps_per_call = config.train.steps_per_call
     self.new_window = run.train_step.new_window
@@ -123,18 +212,19 @@ class MemberStep(TrainStep):
     self._previous_step_done = None
     step, steps = compiled_step_functions(config, run.model, run.steps, self.microbatch_tokens)
 
-    def one_member(states, windows, batch, keys, length, index):
+    def one_member(states, windows, batch, keys, length, values, index):
       state, window, step_done = step(_take(states, index), _take(windows, index), batch,
-                                      keys[index], length)
+                                      keys[index], length, _take(values, index))
       put = lambda stacked, one: jax.tree.map(lambda s, o: s.at[index].set(o), stacked, one)
       return put(states, state), put(windows, window), step_done
 
     def jitted(function, stacked_axes: int, *more_in):
       return jax.jit(function, in_shardings=(
           replicated, replicated, partitioning.batch_sharded(mesh, stacked_axes), replicated,
-          replicated, *more_in), out_shardings=(replicated,) * 3, donate_argnums=(0, 1))
+          replicated, replicated, *more_in), out_shardings=(replicated,) * 3,
+          donate_argnums=(0, 1))
 
-    members = lambda function: jax.vmap(function, in_axes=(0, 0, 0, 0, None))
+    members = lambda function: jax.vmap(function, in_axes=(0, 0, 0, 0, None, 0))
     self._jitted_members = jitted(members(step), 1)
     self._jitted_member_groups = jitted(members(steps), 2)
     self._jitted_one = jitted(one_member, 0, replicated)
@@ -149,7 +239,7 @@ class MemberStep(TrainStep):
                                  for batches in member_batches]) for name in member_batches[0][0]}
       return self._dispatch(self._jitted_member_groups, states, windows,
                             partitioning.global_batch(stacked, self._mesh, stacked_axes=2),
-                            ('seeds', *np.shape(stacked['decoder_input_tokens']),
+                            ('members', *np.shape(stacked['decoder_input_tokens']),
                              stacked['encoder_input_tokens'].shape[-1]), length)
     for at in range(steps):
       batches = [member[at] for member in member_batches]
@@ -158,12 +248,12 @@ class MemberStep(TrainStep):
         states, windows = self._dispatch(
             self._jitted_members, states, windows,
             partitioning.global_batch(stacked, self._mesh, stacked_axes=1),
-            ('seeds', len(batches), *batch_shape(batches[0])), length)
+            ('members', len(batches), *batch_shape(batches[0])), length)
         continue
       for index, batch in enumerate(batches):
         states, windows = self._dispatch(
             self._jitted_one, states, windows, partitioning.global_batch(batch, self._mesh),
-            ('one seed', *batch_shape(batch)), length, np.int32(index))
+            ('one member', *batch_shape(batch)), length, np.int32(index))
     return states, windows
 
 
@@ -183,16 +273,17 @@ class _Group:
   slice goes to its own periodic actions, and the time one member's actions take is left out of
   the others' training time too."""
 
-  def __init__(self, runs: list, seeds: list[int], console):
+  def __init__(self, runs: list, console):
     steps = {run.progress.step for run in runs}
     if len(steps) > 1:
-      raise ValueError(f'seeds trained together resume at one step; seeds {seeds} are at steps '
+      raise ValueError(f'members trained together resume at one step; '
+                       f'{[run.workdir for run in runs]} are at steps '
                        f'{[run.progress.step for run in runs]} (train them apart to one step)')
-    self.runs, self.seeds, self.console = runs, list(seeds), console
+    self.runs, self.console = runs, console
     self.runs_at_start = list(runs)
     self.clocks = _Clocks(runs)
     self.mesh = partitioning.make_mesh()
-    self.step = MemberStep(runs[0].config, runs[0], seeds, self.mesh, self.clocks)
+    self.step = MemberStep([run.config for run in runs], runs[0], self.mesh, self.clocks)
     self.stack = jax.jit(_stack, out_shardings=partitioning.replicated(self.mesh))
     self.states = self.stack([run.state for run in runs])
     self.windows = self.stack([run.window.sums for run in runs])
@@ -274,12 +365,12 @@ class _Group:
     kept = [index for index in range(len(self.runs)) if index not in diverged]
     if diverged:
       self.runs = [self.runs[index] for index in kept]
-      self.seeds = [self.seeds[index] for index in kept]
       if not self.runs:
         raise run_log.DivergenceError(self.runs_at_start[-1].progress.step,
-                                      'every seed trained together diverged')
+                                      'every member trained together diverged')
       self.clocks.runs = self.runs
-      self.step = MemberStep(self.runs[0].config, self.runs[0], self.seeds, self.mesh, self.clocks)
+      self.step = MemberStep([run.config for run in self.runs], self.runs[0], self.mesh,
+                             self.clocks)
       self.states = jax.jit(lambda states: _take(states, np.array(kept)))(self.states)
     self.windows = self.stack([run.window.sums for run in self.runs])
 

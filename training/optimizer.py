@@ -24,6 +24,12 @@ as an argument, so a length planned mid-run (training/time_budget.py), or runs
 that differ only in length, reuse one compiled program. A `RunLength` instead
 of T also says where a time budget's later plan moved the end of a run whose
 schedule was made for T (cosine and linear only).
+
+P and W are arguments of the compiled step too (`ScheduleValues`): runs that
+differ only in peak rate or warmup reuse one compiled program, and members
+trained together (training/members.py) each follow their own. The 'step'
+schedule places its epoch boundaries from `optim.warmup_steps` itself, so its
+W must be the config's.
 """
 
 import collections
@@ -73,24 +79,39 @@ class RunLength(NamedTuple):
     return RunLength(self.horizon, at_step, float(self.position(at_step)), last_step)
 
 
-# Builds the part of a schedule after warmup; it counts steps from the end of warmup.
-_DecayBuilder = Callable[[ml_collections.ConfigDict, int | jax.Array, int | None], optax.Schedule]
+class ScheduleValues(NamedTuple):
+  """The schedule's hyperparameters as the compiled step takes them: the peak rate P and the
+  warmup length W. Python numbers (the config's) on the host; float32 scalars as the step's
+  argument, or [M] arrays over members trained together."""
+  peak: float | jax.Array
+  warmup: int | float | jax.Array
+
+  @classmethod
+  def of(cls, optim_config: ml_collections.ConfigDict) -> 'ScheduleValues':
+    return cls(optim_config.learning_rate, optim_config.warmup_steps)
 
 
-def _inverse_sqrt(optim, decay_steps, steps_per_epoch):
+# Builds the part of a schedule after warmup from (optim, P, W, T - W, steps_per_epoch); it counts
+# steps from the end of warmup.
+_DecayBuilder = Callable[..., optax.Schedule]
+
+
+def _inverse_sqrt(optim, peak, warmup, decay_steps, steps_per_epoch):
   del decay_steps, steps_per_epoch
-  peak = optim.learning_rate
-  scale = optim.inverse_sqrt_scale or max(optim.warmup_steps, 1)
+
   # optax 0.2.8 has no inverse-square-root decay, and polynomial_schedule clips
   # its count to a finite horizon, so this one is written out.
-  # join_schedules also evaluates the decay during warmup, at negative counts it then discards:
-  # clipped at 0, so a Python int count of -scale does not divide by zero.
-  return lambda count: peak * jnp.sqrt(scale / (jnp.maximum(count, 0) + scale))
+  # The warmup also evaluates the decay during warmup, at negative counts it then discards:
+  # clipped at 0, so a count of -scale does not divide by zero.
+  def schedule(count):
+    scale = optim.inverse_sqrt_scale or jnp.maximum(warmup, 1)
+    return peak * jnp.sqrt(scale / (jnp.maximum(count, 0) + scale))
+
+  return schedule
 
 
-def _cosine(optim, decay_steps, steps_per_epoch):
-  del steps_per_epoch
-  peak = optim.learning_rate
+def _cosine(optim, peak, warmup, decay_steps, steps_per_epoch):
+  del optim, warmup, steps_per_epoch
 
   # optax.cosine_decay_schedule's expression (alpha 0, exponent 1): optax checks decay_steps > 0
   # when the schedule is made, which a traced length cannot answer (_make_schedule checks it).
@@ -104,9 +125,8 @@ def _cosine(optim, decay_steps, steps_per_epoch):
   return schedule
 
 
-def _linear(optim, decay_steps, steps_per_epoch):
-  del steps_per_epoch
-  peak = optim.learning_rate
+def _linear(optim, peak, warmup, decay_steps, steps_per_epoch):
+  del optim, warmup, steps_per_epoch
 
   # optax.linear_schedule(peak, 0, decay_steps)'s expression, for the same reasons as _cosine.
   def schedule(count):
@@ -116,13 +136,13 @@ def _linear(optim, decay_steps, steps_per_epoch):
   return schedule
 
 
-def _constant(optim, decay_steps, steps_per_epoch):
-  del decay_steps, steps_per_epoch
-  return optax.constant_schedule(optim.learning_rate)
+def _constant(optim, peak, warmup, decay_steps, steps_per_epoch):
+  del optim, warmup, decay_steps, steps_per_epoch
+  return lambda count: peak
 
 
-def _step(optim, decay_steps, steps_per_epoch):
-  del decay_steps
+def _step(optim, peak, warmup, decay_steps, steps_per_epoch):
+  del warmup, decay_steps
   if optim.decay_epochs and steps_per_epoch is None:
     raise ValueError(
         "config.optim.schedule='step' needs steps_per_epoch to place"
@@ -132,7 +152,7 @@ def _step(optim, decay_steps, steps_per_epoch):
   boundaries = collections.Counter(
       epoch * steps_per_epoch - optim.warmup_steps for epoch in optim.decay_epochs)
   return optax.piecewise_constant_schedule(
-      optim.learning_rate,
+      peak,
       {step: optim.decay_factor**count for step, count in boundaries.items()})
 
 
@@ -176,6 +196,7 @@ def _make_schedule(
     *,
     steps_per_epoch: int | None,
     total_steps: int | jax.Array | RunLength,
+    values: ScheduleValues | None,
 ) -> optax.Schedule:
   """Returns the learning rate as a function of the optimizer step.
 
@@ -190,6 +211,7 @@ def _make_schedule(
       before tracing it with the scalar. Or a `RunLength` (of either kind): the
       schedule of its horizon, revised as it says ('cosine' and 'linear'; the
       other schedules do not depend on the length).
+    values: P and W, traced inside a compiled step; None: the config's, checked.
 
   Returns:
     An optax schedule, jit-compatible.
@@ -208,21 +230,28 @@ def _make_schedule(
     raise ValueError(
         f'config.optim.inverse_sqrt_scale={optim_config.inverse_sqrt_scale} must be >= 0'
         ' (0: the warmup length).')
-  decay_steps = total_steps - warmup_steps
+  peak, warmup = values if values is not None else ScheduleValues.of(optim_config)
+  decay_steps = total_steps - warmup
   if isinstance(decay_steps, int) and optim_config.schedule in _DECAYS_TO_ZERO and decay_steps <= 0:
     raise ValueError(
         f'config.optim.schedule={optim_config.schedule!r} decays to 0 at the last step, so it'
         f' needs more total steps than config.optim.warmup_steps={warmup_steps}'
         f' (total steps: {total_steps}).')
-  decay = build_decay(optim_config, decay_steps, steps_per_epoch)
+  decay = build_decay(optim_config, peak, warmup, decay_steps, steps_per_epoch)
   if length is not None and optim_config.schedule in _DECAYS_TO_ZERO:
     # Warmup keeps optax's int count (revisions come after it); the decay counts from its end.
     decay_of_horizon = decay
-    decay = lambda count: decay_of_horizon(length.position(count + warmup_steps) - warmup_steps)
-  if warmup_steps == 0:
+    decay = lambda count: decay_of_horizon(length.position(count + warmup) - warmup)
+  if isinstance(warmup, int) and warmup == 0:
     return decay
-  warmup = optax.linear_schedule(0.0, optim_config.learning_rate, warmup_steps)
-  return optax.join_schedules([warmup, decay], [warmup_steps])
+
+  def warmed_up(count):
+    # optax.join_schedules of optax.linear_schedule(0, P, W) and the decay, written out for a W
+    # that may be traced (linear_schedule checks W > 0 when made) or 0 (the decay from count 0).
+    ramp = jnp.clip(count, 0, warmup) / jnp.maximum(warmup, 1)
+    return jnp.where(count < warmup, (0.0 - peak) * (1 - ramp) + peak, decay(count - warmup))
+
+  return warmed_up
 
 
 def make_optimizer(
@@ -230,6 +259,7 @@ def make_optimizer(
     *,
     steps_per_epoch: int | None,
     total_steps: int | jax.Array | RunLength,
+    values: ScheduleValues | None = None,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Returns the optimizer of `config.optim` and the schedule driving it.
 
@@ -240,6 +270,7 @@ def make_optimizer(
     optim_config: `config.optim`.
     steps_per_epoch: See `_make_schedule`.
     total_steps: See `_make_schedule`.
+    values: See `_make_schedule`.
 
   Returns:
     `(tx, schedule)`: global-norm clipping (when `optim.clip_norm > 0`) chained
@@ -260,7 +291,8 @@ def make_optimizer(
     raise ValueError(
         f'config.optim.clip_norm={optim_config.clip_norm} must be >= 0 (0 disables).')
   schedule = _make_schedule(
-      optim_config, build_decay, steps_per_epoch=steps_per_epoch, total_steps=total_steps)
+      optim_config, build_decay, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
+      values=values)
   tx = build_optimizer(optim_config, schedule)
   if optim_config.clip_norm > 0:
     tx = optax.chain(optax.clip_by_global_norm(optim_config.clip_norm), tx)

@@ -1,9 +1,10 @@
 """The compiled training step as the loop calls it: one dispatch per batch, or per group of
 `train.steps_per_call` batches of one shape (a lax.scan of the same step), compiled per shape.
 
-The run's length (`optimizer.RunLength`) and the seed's dropout key are arguments of the compiled
-step, not constants inside it: a budgeted run's plans, and runs that differ only in seed or
-length, reuse one compiled program (and the persistent compilation cache). Both are made by
+The run's length (`optimizer.RunLength`), its peak rate and warmup (`optimizer.ScheduleValues`)
+and the seed's dropout key are arguments of the compiled step, not constants inside it: a
+budgeted run's plans, and runs that differ only in seed, length, peak rate or warmup, reuse one
+compiled program (and the persistent compilation cache). Both are made by
 jitted calls, so that every process holds its replica, as it does the state's.
 """
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from model.transformer import Transformer
 from training import partitioning, train_state
-from training.optimizer import RunLength, make_optimizer
+from training.optimizer import RunLength, ScheduleValues, make_optimizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +75,8 @@ class TrainStep:
     self._mesh, self._clock = mesh, clock
     self._dropout_key = jax.jit(lambda: dropout_key(config.train.seed),
                                 out_shardings=replicated)()
+    self._schedule_values = jax.jit(lambda: schedule_values(config.optim),
+                                    out_shardings=replicated)()
     self.microbatch_tokens = train_state.microbatch_tokens(config)
 
     step_and_accumulate, steps_and_accumulate = compiled_step_functions(
@@ -81,12 +84,12 @@ class TrainStep:
     self._jitted = jax.jit(
         step_and_accumulate,
         in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh), replicated,
-                      replicated),
+                      replicated, replicated),
         out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
     self._jitted_group = jax.jit(
         steps_and_accumulate,
         in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh, 1), replicated,
-                      replicated),
+                      replicated, replicated),
         out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
     self.steps_per_call = config.train.steps_per_call
     # Jitted, so every sum is its own buffer (the step donates them).
@@ -118,7 +121,8 @@ class TrainStep:
       # compilation and be counted out of the throughput with it: let them finish first.
       jax.block_until_ready(window)
     dispatch_start = time.perf_counter()
-    state, window, step_done = jitted(state, window, batch, self._dropout_key, length, *more)
+    state, window, step_done = jitted(state, window, batch, self._dropout_key, length,
+                                      self._schedule_values, *more)
     if new_shape:
       seconds = time.perf_counter() - dispatch_start
       self.compile_seconds[shape] = seconds
@@ -135,23 +139,23 @@ def compiled_step_functions(config: ml_collections.ConfigDict, model: Transforme
                             microbatch_tokens: int):
   """The functions the loop compiles: one step, and a group of steps in a lax.scan.
 
-  Both take (state, window, batch or [K, ...] batches, dropout key, RunLength) and return the new
-  state, window and the step number again, as an output of its own that is not donated to the
-  next step: the loop waits on it to stay at most one step ahead of the device.
+  Both take (state, window, batch or [K, ...] batches, dropout key, RunLength, ScheduleValues) and
+  return the new state, window and the step number again, as an output of its own that is not
+  donated to the next step: the loop waits on it to stay at most one step ahead of the device.
   """
-  def step_and_accumulate(state, window, batch, dropout_key, length):
+  def step_and_accumulate(state, window, batch, dropout_key, length, values):
     tx_of_length, _ = make_optimizer(config.optim, steps_per_epoch=steps.steps_per_epoch,
-                                     total_steps=length)
+                                     total_steps=length, values=values)
     state, metrics = train_state.train_step(state, batch, model=model, tx=tx_of_length,
                                             label_smoothing=config.train.label_smoothing,
                                             dropout_key=dropout_key,
                                             microbatch_tokens=microbatch_tokens)
     return state, train_state.accumulate_metrics(window, metrics, state.step), state.step + 0
 
-  def steps_and_accumulate(state, window, batches, dropout_key, length):
+  def steps_and_accumulate(state, window, batches, dropout_key, length, values):
     """step_and_accumulate over batches stacked on a leading axis [K, B, ...], in order."""
     def body(carry, batch):
-      state, window, _ = step_and_accumulate(*carry, batch, dropout_key, length)
+      state, window, _ = step_and_accumulate(*carry, batch, dropout_key, length, values)
       return (state, window), None
 
     (state, window), _ = jax.lax.scan(body, (state, window), batches)
@@ -165,30 +169,36 @@ def dropout_key(seed: int):
   return jax.random.PRNGKey(seed + 1)
 
 
+def schedule_values(optim_config: ml_collections.ConfigDict) -> ScheduleValues:
+  """The run's peak rate and warmup as the compiled step's float32 arguments."""
+  return ScheduleValues(*(jnp.float32(value) for value in ScheduleValues.of(optim_config)))
+
+
 def batch_shape(local_batch: dict) -> tuple[int, ...]:
   """[B, T, S]: rows, target and source length of a padded batch."""
   return (tuple(local_batch['decoder_input_tokens'].shape)
           + local_batch['encoder_input_tokens'].shape[1:])
 
 
-def mixed_shapes_notice(shape_batches: dict[tuple, int], steps_per_call: int, seeds: int,
+def mixed_shapes_notice(shape_batches: dict[tuple, int], steps_per_call: int, members: int,
                         max_length: int) -> str | None:
-  """What batches of several shapes cost steps_per_call > 1 and seeds trained together, or None.
+  """What batches of several shapes cost steps_per_call > 1 and members trained together, or None.
 
   Args:
     shape_batches: batches an epoch of each [B, L] shape.
-    steps_per_call, seeds: train.steps_per_call, and how many seeds train together.
+    steps_per_call, members: train.steps_per_call, and how many runs train together as members
+      (training/members.py).
     max_length: data.max_length, the pack length that puts every pair in one shape.
   """
   shapes = {shape: count for shape, count in shape_batches.items() if count}
-  if len(shapes) < 2 or (steps_per_call == 1 and seeds == 1):
+  if len(shapes) < 2 or (steps_per_call == 1 and members == 1):
     return None
   main = max(shapes, key=shapes.get)
   costs = []
   if steps_per_call > 1:
     costs.append('a group of train.steps_per_call steps ends at each of them')
-  if seeds > 1:
-    costs.append("a step where the seeds' batches differ in shape trains each seed alone")
+  if members > 1:
+    costs.append("a step where the members' batches differ in shape trains each member alone")
   return (f'{sum(shapes.values()) - shapes[main]} of the {sum(shapes.values())} batches an epoch '
           f'are not {list(main)}: {" and ".join(costs)}, each shape compiling its own step '
           f'(data.pack_length={max_length} packs every pair into one shape)')

@@ -65,7 +65,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     run = None
     try:
       run = set_up(config, data, workdir, changes)
-      say_mixed_shapes(run, seeds=1, say=run.say)
+      say_mixed_shapes(run, members=1, say=run.say)
       return _train(run, stop_after_steps)
     except BaseException:
       if first_start and (run is None or not run.progress.steps_this_run) and (
@@ -349,11 +349,11 @@ def _restore(checkpointer: Checkpointer, state: train_state.TrainState, batches:
   return latest, state, extra
 
 
-def say_mixed_shapes(run: Run, seeds: int, say: Callable[[str], None]) -> None:
-  """Says what the data's several batch shapes cost `seeds` runs like `run` trained together or
+def say_mixed_shapes(run: Run, members: int, say: Callable[[str], None]) -> None:
+  """Says what the data's several batch shapes cost `members` runs like `run` trained together or
   several steps per dispatch, if anything."""
   notice = mixed_shapes_notice(dict(zip(run.train_iter.batch_shapes, run.train_iter.shape_batches)),
-                               run.config.train.steps_per_call, seeds, run.config.data.max_length)
+                               run.config.train.steps_per_call, members, run.config.data.max_length)
   if notice:
     say(notice)
 
