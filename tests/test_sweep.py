@@ -322,3 +322,40 @@ def test_together_trains_a_points_seeds_in_one_process_each_in_its_own_folder(
   assert 'seed 1: step 4: validation loss' in (workdir / 'seed=0' / 'train.log').read_text()
   again = run_sweep_cli(spec, f'--workdir={workdir}', '--together')
   assert '[2/2] seed=1: finished at step 4, skipped' in again.stdout
+
+
+def test_together_trains_points_of_other_peak_rates_with_their_seeds_as_one_program(
+    tmp_path, data_cache):
+  """Two peak rates x two seeds of the smoke model: one train.py (--vary, zipped), four ordinary
+  run folders named as the sweep names them, each with its own rate in its config and records."""
+  spec = write_sweep(tmp_path, f"""
+      def get_config():
+        config = smoke.get_config()
+        config.data.update(cache_dir={str(data_cache)!r}, eval_examples=8, pack_length=32)
+        config.train.update(num_steps=2, log_every=1, eval_every=2, checkpoint_every=2)
+        return config
+
+      def seeds():
+        return 2
+
+      def sweep():
+        for rate in (3e-3, 1e-3):
+          yield {{'optim.learning_rate': rate}}
+      """)
+  workdir = tmp_path / 'sweep'
+  [command] = run_sweep_cli(spec, f'--workdir={workdir}', '--together', '--dry_run').stdout.splitlines()
+  assert command.endswith(
+      '--vary=optim.learning_rate=0.003,0.003,0.001,0.001 --vary=train.seed=0,1,0,1')
+  result = run_sweep_cli(spec, f'--workdir={workdir}', '--together')
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert result.stdout.count('start (trained together)') == 4
+  for rate in (0.003, 0.001):
+    for seed in (0, 1):
+      run_dir = workdir / f'lr={rate},seed={seed}'
+      config = json.loads((run_dir / 'config.json').read_text())
+      assert (config['optim']['learning_rate'], config['train']['seed']) == (rate, seed)
+      assert json.loads((run_dir / 'status.json').read_text())['state'] == 'finished'
+      records = [json.loads(line) for line in (run_dir / 'metrics.jsonl').read_text().splitlines()]
+      # The update that made step 2 (one before it) warms up over 10 steps: 1/10 of the peak.
+      [second] = [r for r in records if r['step'] == 2 and 'learning_rate' in r]
+      assert second['learning_rate'] == pytest.approx(rate / 10, rel=1e-6)
