@@ -35,7 +35,7 @@ from etils import epath
 import ml_collections
 
 from training import command_line
-from training.members import MEMBER_FIELDS
+from training.member_fields import MEMBER_FIELDS
 from training.run_dir import CHECKPOINT_DIR, STATUS_FILE, replace_text
 
 SWEEP_FILE = 'sweep.json'

@@ -31,12 +31,9 @@ import numpy as np
 
 from training import config_checks, partitioning, run_dir, run_log, stop_signals, train_state
 from training import trainer
+from training.member_fields import MEMBER_FIELDS
 from training.stepping import TrainStep, batch_shape, compiled_step_functions, dropout_key
 from training.stepping import schedule_values
-
-# The fields members may differ in, and their names in a member's folder and label, seed last.
-MEMBER_FIELDS = {'optim.learning_rate': 'learning_rate', 'optim.warmup_steps': 'warmup_steps',
-                 'train.seed': 'seed'}
 
 
 def parse_members(seeds: list[str], varied: list[str]) -> list[dict[str, str]]:
