@@ -3,7 +3,8 @@
 # Wu et al. (2021) Transformer-tiny recipe (4+4 layers, d 128, FFN 256, 4 heads, dropout 0.3, lr 5e-3,
 # warmup 2000, shared embeddings, max-tokens 4096), averages the last 10 epoch checkpoints and decodes
 # test_2016 with beam 5. Prints tokenized lowercased BLEU (the papers' variant) and sacreBLEU.
-# ../shared/peers/fairseq/train_hour.sh with the direction as a variable. The binarized de-en data serves
+# ../shared/peers/fairseq/train_hour.sh with the direction as a variable, and hypotheses Moses-escaped before
+# tokenized BLEU as eval.py does (unescaped, fairseq's De->En hours score 0.05-0.09 lower). The binarized de-en data serves
 # both directions (fairseq finds train.de-en.* for --source-lang en --target-lang de).
 #   bash ../shared/peers/fairseq/setup.sh && bash ../shared/peers/fairseq/bench.sh   # venv and binarized data
 #   SRC=en TGT=de HOURS=1 SEQ2SEQ_DATA_DIR=../shared/data bash train_hour.sh
@@ -46,8 +47,9 @@ from sacremoses import MosesPunctNormalizer, MosesTokenizer
 hyp = open(sys.argv[1], encoding="utf-8").read().splitlines(); data, src, tgt = sys.argv[2], sys.argv[5], sys.argv[6]
 raw = gzip.open(f"{data}/multi30k/raw/test_2016_flickr.{tgt}.gz", "rt", encoding="utf-8").read().splitlines()
 tok = gzip.open(f"{data}/multi30k/tok/test_2016_flickr.lc.norm.tok.{tgt}.gz", "rt", encoding="utf-8").read().splitlines()
+# escape=True as tokenizer.perl, which wrote the references ("&apos;s"), and as eval.py scores
 n, t = MosesPunctNormalizer(lang=tgt), MosesTokenizer(lang=tgt)
-h = [t.tokenize(n.normalize(x), return_str=True, escape=False).lower() for x in hyp]
+h = [t.tokenize(n.normalize(x), return_str=True, escape=True).lower() for x in hyp]
 print(f"fairseq tiny {src}->{tgt}: {len(hyp)} lines, train {sys.argv[3]} s, epochs {sys.argv[4]}; "
       f"tokenized-lc BLEU {sacrebleu.corpus_bleu(h, [tok], tokenize='none', force=True).score:.2f}; "
       f"sacreBLEU {sacrebleu.corpus_bleu(hyp, [raw]).score:.2f}")
