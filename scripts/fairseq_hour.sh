@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Quality peer: fairseq 0.12.2 trains Multi30k in either direction (SRC, TGT; default De->En) on this CPU for a fixed wall-clock budget with the
-# Wu et al. (2021) Transformer-tiny recipe (4+4 layers, d 128, FFN 256, 4 heads, dropout 0.3, lr 5e-3,
-# warmup 2000, shared embeddings, max-tokens 4096), averages the last 10 epoch checkpoints and decodes
-# test_2016 with beam 5. Prints tokenized lowercased BLEU (the papers' variant) and sacreBLEU.
-# ../shared/peers/fairseq/train_hour.sh with the direction as a variable, and hypotheses Moses-escaped before
-# tokenized BLEU as eval.py does (unescaped, fairseq's De->En hours score 0.05-0.09 lower). The binarized de-en data serves
-# both directions (fairseq finds train.de-en.* for --source-lang en --target-lang de).
-#   bash ../shared/peers/fairseq/setup.sh && bash ../shared/peers/fairseq/bench.sh   # venv and binarized data
-#   SRC=en TGT=de HOURS=1 SEQ2SEQ_DATA_DIR=../shared/data bash train_hour.sh
+# fairseq 0.12.2's hour on Multi30k, the peer of the hour presets (docs/results.md, section 7):
+# Wu et al.'s (2021) Transformer-tiny recipe (4+4 layers, d 128, FFN 256, 4 heads, dropout 0.3,
+# lr 5e-3, warmup 2000, shared embeddings, max-tokens 4096) trained for HOURS of wall clock, the
+# last 10 epoch checkpoints averaged, test_2016 decoded with beam 5. Prints tokenized lowercased
+# BLEU (the papers' variant) and sacreBLEU.
+#
+#   (cd ../shared/peers/fairseq && bash setup.sh && RECIPES=tiny UPDATES=20 bash bench.sh)  # venv, data
+#   SRC=en TGT=de SEQ2SEQ_DATA_DIR=../shared/data FS_OUT=runs/fairseq_en_de bash scripts/fairseq_hour.sh
+#
+#   SRC, TGT  the direction (default de, en); the binarized de-en data serves both, since fairseq
+#             also looks for train.de-en.* when asked for en-de
+#   HOURS     wall-clock budget (default 1); FS_OUT the output folder; FS_VENV, FS_DATA as bench.sh's
+#
+# ../shared/peers/fairseq/train_hour.sh with the direction as a variable and one difference in
+# scoring: hypotheses are Moses-escaped before tokenized BLEU, as eval.py does and as the
+# references were written ("&apos;s"); unescaped, fairseq's De->En hours score 0.05-0.09 lower.
 set -euo pipefail
 VENV="${FS_VENV:-/tmp/fsvenv2}"; DATA="${FS_DATA:-/tmp/fsdata}"; HOURS="${HOURS:-1}"
 SRC="${SRC:-de}"; TGT="${TGT:-en}"
