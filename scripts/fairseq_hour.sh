@@ -12,13 +12,14 @@
 #             also looks for train.de-en.* when asked for en-de
 #   HOURS     wall-clock budget (default 1); FS_OUT the output folder; FS_VENV, FS_DATA as bench.sh's
 #
-# ../shared/peers/fairseq/train_hour.sh with the direction as a variable and one difference in
-# scoring: hypotheses are Moses-escaped before tokenized BLEU, as eval.py does and as the
-# references were written ("&apos;s"); unescaped, fairseq's De->En hours score 0.05-0.09 lower.
+# ../shared/peers/fairseq/train_hour.sh with the direction as a variable, its hypotheses scored by
+# eval.py's scorer (the project's Python; SEQ2SEQ_DATA_DIR as for train.py). The peer's own scoring
+# leaves Moses escaping off while the references have it ("&apos;s"): its De->En hours score
+# 0.05-0.09 lower that way.
 set -euo pipefail
 VENV="${FS_VENV:-/tmp/fsvenv2}"; DATA="${FS_DATA:-/tmp/fsdata}"; HOURS="${HOURS:-1}"
 SRC="${SRC:-de}"; TGT="${TGT:-en}"
-OUT="${FS_OUT:-$DATA/tiny_${SRC}_${TGT}_${HOURS}h}"; DATA_DIR="${SEQ2SEQ_DATA_DIR:?set SEQ2SEQ_DATA_DIR to the folder holding multi30k/}"
+OUT="${FS_OUT:-$DATA/tiny_${SRC}_${TGT}_${HOURS}h}"
 export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
 mkdir -p "$OUT"
 start=$(date +%s)
@@ -48,16 +49,19 @@ PY
   --batch-size 128 --remove-bpe sentencepiece --cpu --num-workers 0 > "$OUT/gen.txt" 2>&1
 grep -o "Translated .*" "$OUT/gen.txt" || true   # decoding speed: sentences/s and tokens/s, beam 5, batch 128
 grep ^H- "$OUT/gen.txt" | sed 's/^H-//' | sort -n | cut -f3 > "$OUT/test_2016.hyp.$TGT"
-"$VENV/bin/python" - "$OUT/test_2016.hyp.$TGT" "$DATA_DIR" "$train_s" "$(grep -c 'end of epoch' "$OUT/train.log" || true)" "$SRC" "$TGT" <<'PY'
-import gzip, sys, sacrebleu
-from sacremoses import MosesPunctNormalizer, MosesTokenizer
-hyp = open(sys.argv[1], encoding="utf-8").read().splitlines(); data, src, tgt = sys.argv[2], sys.argv[5], sys.argv[6]
-raw = gzip.open(f"{data}/multi30k/raw/test_2016_flickr.{tgt}.gz", "rt", encoding="utf-8").read().splitlines()
-tok = gzip.open(f"{data}/multi30k/tok/test_2016_flickr.lc.norm.tok.{tgt}.gz", "rt", encoding="utf-8").read().splitlines()
-# escape=True as tokenizer.perl, which wrote the references ("&apos;s"), and as eval.py scores
-n, t = MosesPunctNormalizer(lang=tgt), MosesTokenizer(lang=tgt)
-h = [t.tokenize(n.normalize(x), return_str=True, escape=True).lower() for x in hyp]
-print(f"fairseq tiny {src}->{tgt}: {len(hyp)} lines, train {sys.argv[3]} s, epochs {sys.argv[4]}; "
-      f"tokenized-lc BLEU {sacrebleu.corpus_bleu(h, [tok], tokenize='none', force=True).score:.2f}; "
-      f"sacreBLEU {sacrebleu.corpus_bleu(hyp, [raw]).score:.2f}")
+# Scored by eval.py's own scorer (evaluation/translating.py), so both programs' BLEU is one function's.
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+(cd "$REPO" && python - "$OUT/test_2016.hyp.$TGT" "$train_s" "$(grep -c 'end of epoch' "$OUT/train.log" || true)" "$SRC" "$TGT" <<'PY'
+import sys
+from configs import multi30k
+from data import datasets
+from evaluation import translating
+path, train_s, epochs, src, tgt = sys.argv[1:]
+config = multi30k.get_config('de_en' if src == 'de' else 'en_de')
+data = datasets.resolve(config.data)
+hyp = open(path, encoding="utf-8").read().splitlines()
+report = translating.score(hyp, datasets.load_split_text(data, 'test_2016'), data)
+print(f"fairseq tiny {src}->{tgt}: {len(hyp)} lines, train {train_s} s, epochs {epochs}; "
+      f"tokenized-lc BLEU {report['tokenized_bleu']:.2f}; sacreBLEU {report['bleu']:.2f}")
 PY
+)
