@@ -5,7 +5,7 @@ scripts/average_checkpoints.py) is a standard last step of IWSLT14 and WMT resul
 it smooths out the noise of the final updates.
 """
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
@@ -55,18 +55,17 @@ def latest_steps(checkpointer: Checkpointer, count: int) -> list[int]:
   return steps[-count:]
 
 
-def load_average(checkpointer: Checkpointer, steps: Sequence[int], target: PyTree,
-                 select: Callable[[PyTree], PyTree]) -> PyTree:
-  """Mean of `select(state)` over the checkpoints at `steps`, restored one at a time.
+def load_average(checkpointer: Checkpointer, steps: Sequence[int], target: dict) -> dict:
+  """Mean of the state's entries that `target` names over the checkpoints at `steps`, each read
+  alone (`Checkpointer.restore_parts`) and one checkpoint at a time.
 
   Args:
     checkpointer: Where the checkpoints are.
     steps: Saved steps to average.
-    target: The saved state's structure, for `Checkpointer.restore`.
-    select: Picks what to average from a restored state (e.g. params and batch
-      statistics, not the optimizer state).
+    target: The entries to average, e.g. params and batch statistics, not the optimizer state,
+      as abstract arrays.
 
   Returns:
-    The averaged `select(state)`, numpy arrays.
+    The averaged entries, numpy arrays.
   """
-  return average(select(checkpointer.restore(step, target)[0]) for step in steps)
+  return average(checkpointer.restore_parts(step, target) for step in steps)

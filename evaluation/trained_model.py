@@ -80,19 +80,21 @@ def checkpoint_steps(checkpointer: Checkpointer, kind: str, number: int | None) 
 
 
 def restore_target(checkpointer: Checkpointer, step: int, model: Transformer, mesh) -> dict:
-  """Abstract arrays of the train state saved at `step`, replicated on `mesh`, from its metadata.
+  """Abstract arrays of the model's entries of the train state saved at `step` (params and batch
+  statistics, not the optimizer's), replicated on `mesh`, from its metadata.
 
-  As a restore target it fits whatever optimizer the run used, and it lets a shape mismatch be
-  found before restoring: a restore that fails part-way leaves orbax's pending reads printing
-  pages of TensorStore specs.
+  Read from the checkpoint, the target fits whatever the run saved, and a shape mismatch is found
+  before restoring: a restore that fails part-way leaves orbax's pending reads printing pages of
+  TensorStore specs.
 
   Raises:
     DamagedCheckpointError: the checkpoint's metadata cannot be read.
     ValueError: the checkpoint does not fit `model`.
   """
   sharding = partitioning.replicated(mesh)
+  saved = checkpointer.saved_structure(step)
   target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-                        checkpointer.saved_structure(step))
+                        {'params': saved['params'], 'batch_stats': saved['batch_stats']})
   dummy = jnp.ones((1, 8), jnp.int32)
   expected = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), dummy, dummy, train=False))
   mismatch = first_mismatch(expected, train_state.model_variables(target['params'], target['batch_stats']))
@@ -121,7 +123,6 @@ def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
   # Read-only: the run may still be training, and a save of it in progress must stay.
   checkpointer = Checkpointer(workdir, keep=config.train.keep_checkpoints,
                               save_every=config.train.checkpoint_every, read_only=True)
-  select = lambda state: train_state.model_variables(state['params'], state['batch_stats'])
   try:
     if not checkpointer.all_steps():
       raise ValueError(f'no checkpoint in {checkpointer.directory}: train.py has not saved one yet')
@@ -142,7 +143,8 @@ def restore(workdir: str, split: str | None, checkpoint: str, mesh) -> Restored:
         # Checkpoints of one run share a structure: the newest one stands for all of them.
         target = restore_target(checkpointer, candidate_steps[-1], model, mesh)
         # The mean of one checkpoint is the checkpoint itself.
-        variables = averaging.load_average(checkpointer, candidate_steps, target, select=select)
+        parts = averaging.load_average(checkpointer, candidate_steps, target)
+        variables = train_state.model_variables(parts['params'], parts['batch_stats'])
       except DamagedCheckpointError as error:
         if kind != 'last':
           others = [step for step in checkpointer.all_steps() if step != error.step]

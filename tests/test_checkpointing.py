@@ -47,6 +47,30 @@ def test_round_trip_is_bitwise(tmp_path, abstract_target):
   assert restored_extra == extra
 
 
+def test_restore_parts_reads_the_named_entries_alone_bitwise(checkpointer):
+  state = _state(seed=4)
+  checkpointer.save(1, state, {})
+  checkpointer.wait_until_finished()
+  parts = checkpointer.restore_parts(1, {'params': jax.eval_shape(lambda: state['params'])})
+  _assert_bitwise_equal(parts, {'params': state['params']})
+  with pytest.raises(checkpointing.CheckpointError, match='has no batch_stats'):
+    checkpointer.restore_parts(1, {'batch_stats': {}, 'params': state['params']})
+  wider = {'params': {'kernel': jnp.zeros((3, 6)), 'scale': state['params']['scale']}}
+  with pytest.raises(checkpointing.CheckpointError, match='kernel'):
+    checkpointer.restore_parts(1, wider)
+
+
+def test_saved_structure_is_read_again_after_a_step_is_set_aside(checkpointer):
+  checkpointer.save(1, _state(seed=1), {})
+  checkpointer.wait_until_finished()
+  assert checkpointer.saved_structure(1)['params']['kernel'].shape == (3, 5)
+  checkpointer.set_aside(1)
+  wider = dict(_state(seed=1), params={'kernel': jnp.zeros((3, 6))})
+  checkpointer.save(1, wider, {}, force=True)
+  checkpointer.wait_until_finished()
+  assert checkpointer.saved_structure(1)['params']['kernel'].shape == (3, 6)
+
+
 def test_keeps_latest_and_best(checkpointer):
   for step, loss in zip(range(1, 7), [5.0, 1.0, 3.0, 4.0, 2.0, 6.0]):
     assert checkpointer.save(step, _state(step), {'step': step},

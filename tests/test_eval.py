@@ -153,8 +153,7 @@ def test_average_of_the_latest_checkpoints_is_their_mean(tmp_path):
   for step, tree in enumerate(trees, start=1):
     checkpointer.save(step, tree, {})
   steps = averaging.latest_steps(checkpointer, 3)
-  averaged = averaging.load_average(checkpointer, steps, jax.eval_shape(lambda: trees[0]),
-                                    select=lambda tree: tree)
+  averaged = averaging.load_average(checkpointer, steps, jax.eval_shape(lambda: trees[0]))
   checkpointer.close()
   assert steps == [2, 3, 4]
   for leaf, *leaves in zip(jax.tree.leaves(averaged), *map(jax.tree.leaves, trees[1:])):
