@@ -1,6 +1,6 @@
 """Translating lines of text with a restored model, for eval.py --input and scripts/translate.py.
 
-The search is built once per translator; each batch shape (sources padded to a multiple of 8
+The search is built once per translator; each batch shape (sources padded to a multiple of 16
 tokens) compiles on first use and is reused by every later line of that length, so a process
 that keeps a translator translates line after line without reloading or recompiling.
 """

@@ -184,7 +184,8 @@ def test_eval_batches_keep_every_pair_grouped_by_length(multi30k_config,
   for batch in batches:
     assert set(batch) == _KEYS - {'epoch'}
     length = batch['encoder_input_tokens'].shape[1]
-    assert length % 8 == 0 and batch['decoder_target_tokens'].shape[1] == length
+    assert length % pipeline.EVAL_LENGTH_MULTIPLE == 0
+    assert batch['decoder_target_tokens'].shape[1] == length
     real_rows = batch['example_index'] >= 0
     assert not batch['decoder_target_weights'][~real_rows].any()
     for row in np.flatnonzero(real_rows)[::16]:
