@@ -40,10 +40,12 @@ def reference_run(tmp_path_factory, data_cache):
   return workdir, config, trainer.train_and_evaluate(config, str(workdir))
 
 
-def _truncate_largest_array_file(checkpoint: Path) -> None:
-  data_files = [path for path in (checkpoint / 'state').rglob('*') if path.is_file() and '/d/' in str(path)]
-  largest = max(data_files, key=lambda path: path.stat().st_size)
-  largest.write_bytes(largest.read_bytes()[:1000])
+def _truncate_array_files(checkpoint: Path) -> None:
+  """Cuts every array data file of `checkpoint` to half its length, so that whatever a reader
+  restores (eval.py reads the parameters alone, a resume everything) is damaged."""
+  for path in (checkpoint / 'state').rglob('*'):
+    if path.is_file() and '/d/' in str(path):
+      path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
 
 
 def _hold_lock(workdir: Path) -> subprocess.Popen:
@@ -131,7 +133,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(reference_ru
   reference_dir, config, uninterrupted = reference_run
   workdir = tmp_path / 'damaged'
   shutil.copytree(reference_dir, workdir)
-  _truncate_largest_array_file(workdir / 'checkpoints' / '20')
+  _truncate_array_files(workdir / 'checkpoints' / '20')
 
   # eval.py --checkpoint=last: one line on stderr, then the step-10 checkpoint.
   mesh = partitioning.make_mesh()
@@ -153,7 +155,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(reference_ru
 
   # Every checkpoint damaged: refused in one line rather than silently starting over.
   for step in ('10', '20'):
-    _truncate_largest_array_file(workdir / 'checkpoints' / step)
+    _truncate_array_files(workdir / 'checkpoints' / step)
   with pytest.raises(CheckpointError, match=r'no checkpoint in .* can be restored \(steps 20, 10 are damaged\)'):
     trainer.train_and_evaluate(config, str(workdir))
 
