@@ -14,13 +14,14 @@ from experiments import plots, results, sweeps
 
 
 def write_report(sweep_dir: str, out_dir: str, colour_by: str | None = None,
-                 panel_by: str | None = None) -> list[str]:
+                 panel_by: str | None = None, compare: list[str] | None = None,
+                 up_to_step: int | None = None) -> list[str]:
   """Writes report.md, report.csv and the plots into `out_dir`; returns the paths written.
 
   Raises:
-    ValueError: for a folder without runs or an unknown --colour_by/--panel_by field.
+    ValueError: for a folder without runs or an unknown --colour_by/--panel_by/--fields field.
   """
-  runs, fields = results.load_runs(sweep_dir)
+  runs, fields = results.load_runs(sweep_dir, compare, up_to_step)
   header, text_rows, csv_rows = results.table(runs, fields)
   epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
   images = plots.plot_curves(runs, fields, out_dir, colour_by=colour_by, panel_by=panel_by)

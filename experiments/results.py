@@ -95,15 +95,21 @@ def _run_folders(sweep_dir: epath.Path) -> list[str]:
       (sweep_dir / name / file).is_file() for file in (CONFIG_FILE, STATUS_FILE, METRICS_FILE))]
 
 
-def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
+def load_runs(sweep_dir: str, compare: list[str] | None = None,
+              up_to_step: int | None = None) -> tuple[list[RunRecords], list[str]]:
   """The sweep's runs and its swept fields (dotted keys).
 
   Runs and fields come from sweep.json (scripts/sweep.py writes it), listing runs not started yet
   too; without it (runs launched from --dry_run commands elsewhere), every subfolder with run files
   is a run and the swept fields are the config fields whose values differ between runs.
+  `compare` (dotted keys or their report labels, e.g. 'lr') names the fields instead, so that runs
+  whose configs also differ in what does not change the compared steps (a shortened
+  `train.num_steps`, `train.steps_per_call`) still group over seeds. `up_to_step` keeps each run's
+  records to that step, so that runs of different lengths compare at one.
 
   Raises:
-    ValueError: if `sweep_dir` is not a folder or holds no run.
+    ValueError: if `sweep_dir` is not a folder or holds no run, or a `compare` field is in no
+      run's config.
   """
   check_reachable(sweep_dir)
   folder = epath.Path(sweep_dir)
@@ -119,10 +125,12 @@ def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
     raise ValueError(f'{sweep_dir} holds no sweep.json and no run folder (config.json, status.json '
                      'or metrics.jsonl)')
   configs = {name: flatten(_read_json(folder / name / CONFIG_FILE)) for name in names}
-  if sweep:
+  keys = list(dict.fromkeys(key for config in configs.values() for key in config))
+  if compare:
+    fields = _compared_fields(compare, keys + list(sweep['fields'] if sweep else []))
+  elif sweep:
     fields = sweep['fields']
   else:
-    keys = list(dict.fromkeys(key for config in configs.values() for key in config))
     fields = [key for key in keys if len({json.dumps(config.get(key)) for config in configs.values()}) > 1]
   runs = []
   for name in names:
@@ -132,11 +140,26 @@ def load_runs(sweep_dir: str) -> tuple[list[RunRecords], list[str]]:
                     if file.name.endswith('.json')) if eval_dir.is_dir() else []
     values = {field: configs[name].get(field, overrides.get(name, {}).get(field)) for field in fields}
     train, evals = read_metrics(run_dir)
+    if up_to_step is not None:
+      train, evals = ([record for record in records if record['step'] <= up_to_step]
+                      for records in (train, evals))
     runs.append(RunRecords(
         name=name, values=values, status=sweeps.read_status(run_dir), train=train, evals=evals,
         eval_files={split: _read_json(eval_dir / f'{split}.json') for split in splits},
         config=_read_json(run_dir / CONFIG_FILE)))
   return runs, fields
+
+
+def _compared_fields(compare: list[str], keys: list[str]) -> list[str]:
+  """The dotted keys `compare` names, by key or by report label (the seed always among them)."""
+  labels = sweeps.field_labels(list(dict.fromkeys(keys)))
+  by_name = {**{label: key for key, label in labels.items()}, **{key: key for key in labels}}
+  unknown = [name for name in compare if name not in by_name]
+  if unknown:
+    raise ValueError(f'--fields={",".join(unknown)} is in no run\'s config.json (fields: a dotted '
+                     'key such as optim.learning_rate, or its report label such as lr)')
+  fields = [by_name[name] for name in compare]
+  return fields + [sweeps.SEED_FIELD] * (sweeps.SEED_FIELD not in fields)
 
 
 def last_fifth_change(evals: list[dict]) -> float | None:

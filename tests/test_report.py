@@ -106,6 +106,35 @@ def test_without_sweep_json_the_swept_fields_are_the_config_fields_that_differ(s
   assert runs[2].values == {'model.norm_position': 'pre', 'optim.warmup_steps': 0}
 
 
+def test_named_fields_and_a_step_compare_runs_of_different_lengths_over_seeds(tmp_path):
+  """Seeds of one point whose configs also differ in train.num_steps group by the named fields,
+  and --up_to_step reads every run at that step: a longer run's later records are left out."""
+  sweep_dir = tmp_path / 'sweep'
+  lengths = {0: 40, 1: 40, 2: 80}  # seed 2 ran twice as long
+  for seed, num_steps in lengths.items():
+    name = f'seed={seed}'
+    fabricate_run(sweep_dir, name, 'post', 500, ('finished', num_steps),
+                  train=[(step, 6.0 - step / 20 - seed / 10, 100.0) for step in range(20, num_steps + 1, 20)],
+                  evals=[(step, 5.0 - step / 40 - seed / 10, step / 4) for step in range(20, num_steps + 1, 20)])
+    config_path = sweep_dir / name / 'config.json'
+    config = json.loads(config_path.read_text())
+    config['train'] = {'seed': seed, 'num_steps': num_steps}
+    config_path.write_text(json.dumps(config))
+
+  _, fields = results.load_runs(str(sweep_dir))
+  assert fields == ['train.seed', 'train.num_steps']  # alone, the lengths split the seeds
+  runs, fields = results.load_runs(str(sweep_dir), compare=['warmup'], up_to_step=40)
+  assert fields == ['optim.warmup_steps', 'train.seed']
+  assert [[record['step'] for record in run.evals] for run in runs] == [[20, 40]] * 3
+  _, rows, csv_rows = results.seed_table(runs, fields)
+  final = [5.0 - 40 / 40 - seed / 10 for seed in lengths]
+  assert len(rows) == 1 and rows[0][:2] == ['500', '3']
+  assert csv_rows[0]['final_val_loss_mean'] == pytest.approx(np.mean(final))
+  assert csv_rows[0]['final_val_loss_std'] == pytest.approx(np.std(final, ddof=1))
+  with pytest.raises(ValueError, match=r"--fields=depth is in no run's config.json"):
+    results.load_runs(str(sweep_dir), compare=['depth'])
+
+
 def test_curves_are_coloured_by_the_first_field_and_panelled_by_the_second():
   fields = ['model.norm_position', 'optim.warmup_steps', 'optim.learning_rate']
   assert plots.grouping(fields) == ('model.norm_position', 'optim.warmup_steps', ['optim.learning_rate'])
