@@ -26,7 +26,7 @@ OUT_DIR = flags.DEFINE_string('out_dir', None, 'Where the report goes (default: 
 COLOUR_BY = flags.DEFINE_string('colour_by', None, 'Swept field that colours the curves (default: the first).')
 PANEL_BY = flags.DEFINE_string('panel_by', None, 'Swept field with a panel per value (default: the second).')
 FIELDS = flags.DEFINE_list('fields', None, 'The fields the runs are compared by (default: those that '
-                           'differ between the runs, or sweep.json\'s); the seed is always one.')
+                           'differ between the runs, or sweep.json\'s), and the seed where runs have one.')
 UP_TO_STEP = flags.DEFINE_integer('up_to_step', None, 'Read each run\'s records to this step only, to '
                                   'compare runs of different lengths at one step.', lower_bound=1)
 
