@@ -37,15 +37,14 @@ def grouping(fields: list[str], colour_by: str | None = None,
     colour_by, panel_by: a swept field, by dotted key or by its label ('warmup'), or None for
       the default order.
   """
-  labels = sweeps.field_labels(fields)
-
   def resolve(name, flag):
     if name is None:
       return None
-    for field in fields:
-      if name in (field, labels[field]):
-        return field
-    raise ValueError(f'{flag}={name} is not a swept field; they are: {", ".join(labels.values()) or "none"}')
+    field = sweeps.field_named(name, fields)
+    if field is None:
+      labels = sweeps.field_labels(fields).values()
+      raise ValueError(f'{flag}={name} is not a swept field; they are: {", ".join(labels) or "none"}')
+    return field
 
   colour, panel = resolve(colour_by, '--colour_by'), resolve(panel_by, '--panel_by')
   if colour and colour == panel:

@@ -152,14 +152,13 @@ def load_runs(sweep_dir: str, compare: list[str] | None = None,
 
 def _compared_fields(compare: list[str], keys: list[str]) -> list[str]:
   """The dotted keys `compare` names, by key or by report label, and the seed where runs have one."""
-  labels = sweeps.field_labels(list(dict.fromkeys(keys)))
-  by_name = {**{label: key for key, label in labels.items()}, **{key: key for key in labels}}
-  unknown = [name for name in compare if name not in by_name]
+  keys = list(dict.fromkeys(keys))
+  fields = [sweeps.field_named(name, keys) for name in compare]
+  unknown = [name for name, field in zip(compare, fields) if field is None]
   if unknown:
     raise ValueError(f'--fields={",".join(unknown)} is in no run\'s config.json (fields: a dotted '
                      'key such as optim.learning_rate, or its report label such as lr)')
-  fields = [by_name[name] for name in compare]
-  return fields + [sweeps.SEED_FIELD] * (sweeps.SEED_FIELD in labels and sweeps.SEED_FIELD not in fields)
+  return fields + [sweeps.SEED_FIELD] * (sweeps.SEED_FIELD in keys and sweeps.SEED_FIELD not in fields)
 
 
 def last_fifth_change(evals: list[dict]) -> float | None:

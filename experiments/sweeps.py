@@ -131,6 +131,12 @@ def field_labels(keys: list[str]) -> dict[str, str]:
   return {key: label if short.count(label) == 1 else key for key, label in zip(keys, short)}
 
 
+def field_named(name: str, keys: list[str]) -> str | None:
+  """The key of `keys` that `name` names, as the dotted key or its `field_labels` label; None if none."""
+  labels = field_labels(keys)
+  return next((key for key in keys if name in (key, labels[key])), None)
+
+
 def _name_value(value: Any) -> str:
   if isinstance(value, float):
     text = f'{value:g}'
