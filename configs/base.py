@@ -154,6 +154,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Padded tokens per slice a step's forward and backward pass is computed in (0: the whole batch;
   # None: 512 on a CPU, whose cache they then fit, and 0 on accelerators or with BatchNorm).
   train.microbatch_tokens = ml_collections.config_dict.placeholder(int)
+  # Tokens per chunk of the loss's normaliser, so the [B, T, V] logits are never whole (0: whole).
+  train.loss_chunk_tokens = 0
   # Optimizer steps per dispatch: a lax.scan over this many consecutive batches of one shape (fewer host round trips on an accelerator); results equal one step per dispatch.
   train.steps_per_call = 1
   # On SIGTERM/SIGINT, save a checkpoint if at least this many steps ran since the last one (0: never).

@@ -7,7 +7,8 @@ The smoothed target puts 1 - a on the reference token and a / V on every token (
 form it needs no [B, T, V] one-hot; tests check it against optax's one-hot formulation.
 
 Training computes the same sums from the output layer's input as well (`output_layer_sums`): the
-logits then feed only the normaliser.
+logits then feed only the normaliser, which `chunked_output_layer_sums` computes a chunk of tokens
+at a time so that the [B, T, V] logits never exist whole.
 """
 
 import jax
@@ -84,8 +85,50 @@ def output_layer_sums(logits, hidden, table, targets, weights, label_smoothing: 
     weights: [B, T], 1 at real target tokens and 0 at padding.
     label_smoothing: a in [0, 1).
   """
-  weights = weights.astype(jnp.float32)
   log_z = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)  # [B, T]
+  return _sums_from_log_z(log_z, hidden, table, targets, weights, label_smoothing)
+
+
+def chunked_output_layer_sums(hidden, table, targets, weights, label_smoothing: float = 0.0, *,
+                              chunk_tokens: int) -> dict[str, jnp.ndarray]:
+  """`output_layer_sums` without the [B, T, V] logits: log Z over chunks of `chunk_tokens` tokens.
+
+  Each chunk's [C, V] float32 logits exist only inside its own iteration of a loop, and the
+  backward pass recomputes them (jax.checkpoint) rather than keeping them, so the step holds
+  [C, V] of logits and their gradient where the plain loss holds [B*T, V] of each: at the
+  IWSLT-size recipe's 32k tokens and vocabulary 10,000 that is 1.3 GB each in float32. The price
+  is a second output-layer product in the backward pass. Equal to `output_layer_sums` up to
+  float32 rounding (tests/test_transformer.py).
+
+  Args:
+    hidden: [B, T, D], the output layer's input.
+    table: [V, D], the output layer's weights.
+    targets, weights, label_smoothing: as `output_layer_sums`.
+    chunk_tokens: tokens per chunk (rows of B*T); the last chunk is padded.
+  """
+  if chunk_tokens <= 0:
+    raise ValueError(f'chunked_output_layer_sums: chunk_tokens={chunk_tokens} must be positive')
+  flat = hidden.reshape(-1, hidden.shape[-1])  # [N, D]
+  tokens = flat.shape[0]
+  chunks = -(-tokens // chunk_tokens)
+  flat = jnp.pad(flat, [(0, chunks * chunk_tokens - tokens), (0, 0)])
+  flat = flat.reshape(chunks, chunk_tokens, flat.shape[-1])  # [chunks, C, D]
+
+  @jax.checkpoint
+  def chunk_log_z(chunk):  # [C, D] -> [C]
+    logits = jnp.einsum('CD,VD->CV', chunk, table.astype(chunk.dtype),
+                        preferred_element_type=jnp.float32)  # [C, V]
+    return jax.nn.logsumexp(logits, axis=-1)
+
+  log_z = jax.lax.map(chunk_log_z, flat).reshape(-1)[:tokens].reshape(hidden.shape[:-1])  # [B, T]
+  return _sums_from_log_z(log_z, hidden, table, targets, weights, label_smoothing)
+
+
+def _sums_from_log_z(log_z, hidden, table, targets, weights, label_smoothing: float
+                     ) -> dict[str, jnp.ndarray]:
+  """The sums of `output_layer_sums` from log Z [B, T]: the target and mean logits from
+  `hidden` [B, T, D] and `table` [V, D]."""
+  weights = weights.astype(jnp.float32)
   target_rows = jnp.take(table, targets, axis=0).astype(hidden.dtype)  # [B, T, D]
   target_logit = jnp.einsum('...D,...D->...', hidden, target_rows,
                             preferred_element_type=jnp.float32)  # [B, T]

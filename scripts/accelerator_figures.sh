@@ -12,6 +12,8 @@
 #   seeds4      four seeds of it trained together (train.py --seeds), against tiny_k1
 #   iwslt_bf16  the IWSLT-size step (6+6, d_model 512, FFN 1024) in bfloat16 at 1,024 x 32 tokens:
 #               MFU, and the top operations of a jax.profiler trace
+#   iwslt_bf16_chunks  the same with the loss's normaliser in chunks of 4,096 tokens
+#               (train.loss_chunk_tokens): no [32k, 10k] float32 logits
 #   compile_warm  tiny_k1's shapes again, on the now warm cache
 #   eval        eval.py's whole process on test_2016 (beam 5), cold cache, then warm
 # On the device machine, scripts/device_setup.sh installs the wheels and points at the data, both
@@ -65,6 +67,9 @@ tiny seeds$SEEDS --seeds=$SEEDS
 phase iwslt_bf16 python3 -m scripts.benchmark --config=configs/iwslt14.py \
   --config.model.dtype=bfloat16 --source_length=32 --target_length=32 "${IWSLT[@]}" \
   --decode_repeats=1 --profile_dir=/tmp/figures_profile --out="$WORK/iwslt_bf16.json"
+phase iwslt_bf16_chunks python3 -m scripts.benchmark --config=configs/iwslt14.py \
+  --config.model.dtype=bfloat16 --config.train.loss_chunk_tokens=4096 --source_length=32 \
+  --target_length=32 "${IWSLT[@]}" --decode_repeats=1 --out="$WORK/iwslt_bf16_chunks.json"
 tiny compile_warm --steps=$((2 * LOG))
 if [ -d /tmp/figures_tiny_k1/checkpoints ]; then
   for cache in cold warm; do
@@ -86,14 +91,16 @@ for name in ('tiny_k1', 'tiny_k8', 'seeds2', 'seeds4', 'compile_warm'):
     r = json.loads(path.read_text())
     print(f"{name}: {r['tokens_per_sec']:,.0f} target tokens/s (median window, {r.get('seeds', 1)} "
           f"seed(s)); {r['compiled_shapes']} shapes compiled in {r['compile_seconds']:.1f} s{busy(name)}; {r['device']}")
-path = out / 'iwslt_bf16.json'
-if path.exists():
-  r = json.loads(path.read_text())
-  mfu = f"MFU {100 * r['mfu']:.1f}%" if r.get('mfu') else 'no MFU (a CPU)'
-  print(f"iwslt_bf16: {r['train_step_seconds'] * 1e3:.1f} ms a step, {r['train_tokens_per_sec']:,.0f} "
-        f"target tokens/s, {mfu}, compile {r['compile_seconds']:.1f} s{busy('iwslt_bf16')}")
-  for row in r.get('profile_top') or []:
-    print(f"  {row['share']:6.1%}  {row['seconds'] * 1e3:9.2f} ms  {row['operation']}")
+for name in ('iwslt_bf16', 'iwslt_bf16_chunks'):
+  path = out / f'{name}.json'
+  if path.exists():
+    r = json.loads(path.read_text())
+    mfu = f"MFU {100 * r['mfu']:.1f}%" if r.get('mfu') else 'no MFU (a CPU)'
+    print(f"{name}: {r['train_step_seconds'] * 1e3:.1f} ms a step, {r['train_tokens_per_sec']:,.0f} "
+          f"target tokens/s, {mfu}, compile {r['compile_seconds']:.1f} s, XLA scratch "
+          f"{r['train_step_temp_mb'] or 0:,.0f} MB{busy(name)}")
+    for row in r.get('profile_top') or []:
+      print(f"  {row['share']:6.1%}  {row['seconds'] * 1e3:9.2f} ms  {row['operation']}")
 for cache in ('cold', 'warm'):
   log = out / f'eval_{cache}.log'
   if log.exists():

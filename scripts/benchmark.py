@@ -93,9 +93,13 @@ def benchmark_training(config, vocab_size: int, batch_size: int, source_length: 
   batch = jax.device_put(synthetic_batch(batch_size, source_length, target_length, vocab_size))
   step_fn = jax.jit(functools.partial(
       train_state.train_step, model=model, tx=tx, label_smoothing=config.train.label_smoothing,
-      dropout_key=jax.random.PRNGKey(1), microbatch_tokens=train_state.microbatch_tokens(config)),
-      donate_argnums=0)
+      dropout_key=jax.random.PRNGKey(1), microbatch_tokens=train_state.microbatch_tokens(config),
+      loss_chunk_tokens=config.train.loss_chunk_tokens), donate_argnums=0)
   compiled, compile_seconds = _compiled(step_fn, state, batch)
+  # XLA's plan of the step's scratch memory (activations, logits, gradients in flight), exact and
+  # the same on every run, where device peaks depend on the allocator.
+  memory = compiled.memory_analysis()
+  temp_mb = memory.temp_size_in_bytes / 2**20 if memory is not None else None
   for _ in range(warmup):
     state, metrics = compiled(state, batch)
   jax.block_until_ready(state)
@@ -117,7 +121,7 @@ def benchmark_training(config, vocab_size: int, batch_size: int, source_length: 
   return {'profile_top': profile,'model': model, 'variables': train_state.model_variables(state.params, state.batch_stats),
           'train_step_seconds': step_seconds, 'train_step_seconds_all': step_times,
           'train_tokens_per_sec': batch_size * target_length / step_seconds,
-          'compile_seconds': {'train_step': compile_seconds},
+          'compile_seconds': {'train_step': compile_seconds}, 'train_step_temp_mb': temp_mb,
           'train_step_flops': flops_lib.train_step_flops(model.config, batch_size, source_length,
                                                          target_length),
           'final_loss': float(metrics['train_loss'])}
@@ -192,7 +196,8 @@ def summary(report: dict) -> str:
       f"batch {report['shape']}",
       f"train   {report['train_tokens_per_sec']:,.0f} target tokens/s, "
       f"{report['train_step_seconds'] * 1e3:,.1f} ms/step (median), "
-      f"compile {report['compile_seconds']:.1f} s",
+      f"compile {report['compile_seconds']:.1f} s; XLA's scratch memory "
+      f"{report['train_step_temp_mb'] or 0:,.0f} MB (loss chunks {report['loss_chunk_tokens'] or 'off'})",
       f"flops   {report['train_step_flops'] / 1e9:,.1f} GFLOP/step -> "
       f"{report['achieved_tflops'] * 1e3:,.1f} GFLOP/s",
   ]

@@ -1,4 +1,5 @@
-"""A step computed in slices of rows (train.microbatch_tokens) against the same step on the whole batch."""
+"""A step computed in slices of rows (train.microbatch_tokens), or with its loss computed in chunks of
+tokens (train.loss_chunk_tokens), against the same step on the whole batch."""
 
 import functools
 
@@ -63,6 +64,26 @@ def test_a_sliced_step_equals_the_whole_batch_step_without_dropout(packed, micro
     np.testing.assert_allclose(sliced_metrics[name], whole_metrics[name], rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                sliced_state.params, whole_state.params)
+
+
+@pytest.mark.parametrize('microbatch_tokens', [0, 48])
+def test_a_step_with_the_loss_in_chunks_equals_the_plain_step_with_dropout(microbatch_tokens):
+  """Chunks of 5 tokens (not dividing a slice's) give the plain step's loss and parameters: the
+  dropout masks are the same, only the loss's normaliser is summed in another order."""
+  model = Transformer(tiny_config(dropout_rate=0.3))
+  tx = optax.sgd(1.0)
+  state = train_state.create_train_state(model, tx, seed=0)
+  batch = pipeline.assemble_packed(SOURCES, TARGETS, PACKED_ROWS, 16)
+  plain, chunked = [
+      jax.jit(functools.partial(train_state.train_step, model=model, tx=tx, label_smoothing=0.1,
+                                dropout_key=jax.random.PRNGKey(0), microbatch_tokens=microbatch_tokens,
+                                loss_chunk_tokens=chunk)) for chunk in (0, 5)]
+  plain_state, plain_metrics = plain(state, batch)
+  chunked_state, chunked_metrics = chunked(state, batch)
+  for name in plain_metrics:
+    np.testing.assert_allclose(chunked_metrics[name], plain_metrics[name], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               chunked_state.params, plain_state.params)
 
 
 def test_sliced_steps_with_dropout_are_deterministic_and_draw_each_slice_its_own_masks():

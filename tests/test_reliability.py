@@ -245,6 +245,7 @@ def test_loss_watch_by_ceiling_and_by_growth_over_the_lowest():
     ('data.dataset_config=tokenised', "Unknown multi30k dataset_config 'tokenised'; valid: original, tokenized"),
     ('data.vocab_type=wordpiece', "config.data.vocab_type='wordpiece' is not one of: unigram, bpe"),
     ('data.eval_examples=-1', 'config.data.eval_examples=-1 must be an integer >= 0'),
+    ('train.loss_chunk_tokens=-8', 'config.train.loss_chunk_tokens=-8 must be an integer >= 0'),
     ('train.time_budget_minutes=-5', 'config.train.time_budget_minutes=-5.0 must be a number of minutes >= 0'),
     # The smoke config warms up for 10 steps: too few to time before planning.
     ('train.time_budget_minutes=60', 'config.train.time_budget_minutes=60.0 needs config.optim.warmup_steps >= 20'),

@@ -316,6 +316,38 @@ def test_output_layer_sums_equal_weighted_sums_of_the_logits(tied, smoothing):
   jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6), got_grads, want_grads)
 
 
+@pytest.mark.parametrize('tied', [True, False])
+@pytest.mark.parametrize('chunk_tokens', [1, 4, 7, 64])
+def test_chunked_output_layer_sums_equal_output_layer_sums(tied, chunk_tokens):
+  """log Z over chunks of tokens (one per token, chunks that do not divide the 18 tokens, one chunk
+  longer than all of them) gives output_layer_sums' sums and gradients."""
+  model = Transformer(tiny_config(tie_output_embedding=tied))
+  params = init(model)['params']
+  weights = (TARGET_OUT != 0).astype(jnp.float32)
+
+  def loss_of(sums_fn):
+    def loss(params):
+      logits, hidden, table = model.apply({'params': params}, SOURCE, TARGET_IN,
+                                          with_output_layer_input=True)
+      sums = sums_fn(logits, hidden, table)
+      return sums['loss'], sums
+    return jax.value_and_grad(loss, has_aux=True)(params)
+
+  (_, got), got_grads = loss_of(lambda logits, hidden, table: losses.chunked_output_layer_sums(
+      hidden, table, TARGET_OUT, weights, 0.1, chunk_tokens=chunk_tokens))
+  (_, want), want_grads = loss_of(lambda *outputs: losses.output_layer_sums(
+      *outputs, TARGET_OUT, weights, 0.1))
+  for name in ('loss', 'nll', 'tokens'):
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6), got_grads, want_grads)
+
+
+def test_chunked_output_layer_sums_reject_empty_chunks():
+  with pytest.raises(ValueError, match='chunk_tokens=0 must be positive'):
+    losses.chunked_output_layer_sums(jnp.zeros((1, 2, 4)), jnp.zeros((5, 4)),
+                                     jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2)), chunk_tokens=0)
+
+
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 def test_tied_logits_gradient_equals_autodiff(dtype):
   """The hand-written VJP of the tied output projection equals autodiff of x @ E^T."""

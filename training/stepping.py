@@ -149,7 +149,8 @@ def compiled_step_functions(config: ml_collections.ConfigDict, model: Transforme
     state, metrics = train_state.train_step(state, batch, model=model, tx=tx_of_length,
                                             label_smoothing=config.train.label_smoothing,
                                             dropout_key=dropout_key,
-                                            microbatch_tokens=microbatch_tokens)
+                                            microbatch_tokens=microbatch_tokens,
+                                            loss_chunk_tokens=config.train.loss_chunk_tokens)
     return state, train_state.accumulate_metrics(window, metrics, state.step), state.step + 0
 
   def steps_and_accumulate(state, window, batches, dropout_key, length, values):

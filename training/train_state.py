@@ -108,7 +108,7 @@ def split_rows(batch: dict, count: int) -> dict:
 
 def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.GradientTransformation,
                label_smoothing: float, dropout_key: jax.Array,
-               microbatch_tokens: int = 0) -> tuple[TrainState, dict]:
+               microbatch_tokens: int = 0, loss_chunk_tokens: int = 0) -> tuple[TrainState, dict]:
   """One optimizer step on a (global) batch; the loss is the mean over its real target tokens.
 
   With `microbatch_tokens`, the forward and backward passes run over slices of the batch's rows
@@ -116,6 +116,9 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.
   before dividing by the batch's real target tokens: the same gradient as the whole batch's, up
   to float rounding, with each slice's own dropout masks. Not with BatchNorm, which normalises
   over the whole batch.
+
+  With `loss_chunk_tokens`, the loss's normaliser is computed that many tokens at a time
+  (losses.chunked_output_layer_sums) and the whole [B, T, V] logits are never formed.
 
   Dropout uses fold_in(dropout_key, step) (and the slice's index), so it does not depend on how
   many hosts or devices share the batch.
@@ -127,8 +130,13 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx: optax.
         model_variables(params, state.batch_stats), rows['encoder_input_tokens'],
         rows['decoder_input_tokens'], train=True, rngs={'dropout': key}, mutable=['batch_stats'],
         with_output_layer_input=True, **packing_features(rows))
-    sums = losses.output_layer_sums(logits, hidden, table, rows['decoder_target_tokens'],
-                                    rows['decoder_target_weights'], label_smoothing)
+    targets, weights = rows['decoder_target_tokens'], rows['decoder_target_weights']
+    if loss_chunk_tokens:
+      # The model's logits go unused here, and XLA drops their computation from the step.
+      sums = losses.chunked_output_layer_sums(hidden, table, targets, weights, label_smoothing,
+                                              chunk_tokens=loss_chunk_tokens)
+    else:
+      sums = losses.output_layer_sums(logits, hidden, table, targets, weights, label_smoothing)
     return sums, updates
 
   rows, length = batch['decoder_input_tokens'].shape
