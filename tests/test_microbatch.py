@@ -37,10 +37,23 @@ def test_split_rows_strides_the_rows_and_pads_the_last_slices_with_empty_rows():
   np.testing.assert_array_equal(np.sort(slices['tokens'][slices['tokens'] > 0]), np.arange(1, 11))
 
 
+def _step(model, tx, microbatch_tokens=0, loss_chunk_tokens=0):
+  return jax.jit(functools.partial(train_state.train_step, model=model, tx=tx, label_smoothing=0.1,
+                                   dropout_key=jax.random.PRNGKey(0), microbatch_tokens=microbatch_tokens,
+                                   loss_chunk_tokens=loss_chunk_tokens))
+
+
 def _steps(model, tx, microbatch_tokens):
-  return [jax.jit(functools.partial(train_state.train_step, model=model, tx=tx, label_smoothing=0.1,
-                                    dropout_key=jax.random.PRNGKey(0), microbatch_tokens=tokens))
-          for tokens in (0, microbatch_tokens)]
+  return [_step(model, tx, tokens) for tokens in (0, microbatch_tokens)]
+
+
+def _assert_steps_agree(got, want):
+  """Two steps' (state, metrics) equal up to float32 summation order."""
+  (got_state, got_metrics), (want_state, want_metrics) = got, want
+  for name in want_metrics:
+    np.testing.assert_allclose(got_metrics[name], want_metrics[name], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               got_state.params, want_state.params)
 
 
 @pytest.mark.parametrize('packed,microbatch_tokens,slices', [
@@ -58,12 +71,7 @@ def test_a_sliced_step_equals_the_whole_batch_step_without_dropout(packed, micro
            {name: value for name, value in unpacked_batch().items() if name != 'example_index'})
   whole, sliced = _steps(model, tx, microbatch_tokens)
   assert train_state.microbatch_count(len(batch['encoder_input_tokens']), 16, microbatch_tokens) == slices
-  whole_state, whole_metrics = whole(state, batch)
-  sliced_state, sliced_metrics = sliced(state, batch)
-  for name in whole_metrics:
-    np.testing.assert_allclose(sliced_metrics[name], whole_metrics[name], rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-               sliced_state.params, whole_state.params)
+  _assert_steps_agree(sliced(state, batch), whole(state, batch))
 
 
 @pytest.mark.parametrize('microbatch_tokens', [0, 48])
@@ -74,16 +82,8 @@ def test_a_step_with_the_loss_in_chunks_equals_the_plain_step_with_dropout(micro
   tx = optax.sgd(1.0)
   state = train_state.create_train_state(model, tx, seed=0)
   batch = pipeline.assemble_packed(SOURCES, TARGETS, PACKED_ROWS, 16)
-  plain, chunked = [
-      jax.jit(functools.partial(train_state.train_step, model=model, tx=tx, label_smoothing=0.1,
-                                dropout_key=jax.random.PRNGKey(0), microbatch_tokens=microbatch_tokens,
-                                loss_chunk_tokens=chunk)) for chunk in (0, 5)]
-  plain_state, plain_metrics = plain(state, batch)
-  chunked_state, chunked_metrics = chunked(state, batch)
-  for name in plain_metrics:
-    np.testing.assert_allclose(chunked_metrics[name], plain_metrics[name], rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-               chunked_state.params, plain_state.params)
+  plain, chunked = [_step(model, tx, microbatch_tokens, chunk) for chunk in (0, 5)]
+  _assert_steps_agree(chunked(state, batch), plain(state, batch))
 
 
 def test_sliced_steps_with_dropout_are_deterministic_and_draw_each_slice_its_own_masks():
