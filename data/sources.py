@@ -154,6 +154,10 @@ def download(urls: Mapping[str, str], dest: Path) -> Path:
 
   Returns:
     `dest`, laid out like a local source folder.
+
+  Raises:
+    MissingSourceError: a download failed (no network, a moved file); it names the URL and the
+      two ways to read local files instead, and leaves no partial file behind.
   """
   for relative, url in urls.items():
     target = dest / relative
@@ -162,7 +166,15 @@ def download(urls: Mapping[str, str], dest: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     logging.info('Downloading %s to %s', url, target)
     partial = target.with_name(f'{target.name}.partial-{os.getpid()}')
-    urllib.request.urlretrieve(url, partial)
+    try:
+      urllib.request.urlretrieve(url, partial)
+    except OSError as error:  # urllib's URLError and HTTPError are OSErrors
+      partial.unlink(missing_ok=True)
+      reason = getattr(error, 'reason', None) or error
+      raise MissingSourceError(
+          f'downloading {url} failed ({reason}); to read local raw files instead, set '
+          f'${ENV_VAR} to a folder with one subfolder per dataset, or config.data.source_dir'
+      ) from None
     # Rename last, so an interrupted download is fetched again next time.
     os.replace(partial, target)
   return dest

@@ -3,6 +3,9 @@
 import gzip
 import os
 import shutil
+import socket
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -232,3 +235,19 @@ def test_a_data_spec_names_the_files_the_caches_write(tmp_path):
       source_dir=str(source), cache_dir=str(tmp_path / 'cache'), vocabulary='separate'))
   assert (data.model_languages, separate.model_languages) == ({'de': None, 'en': None},
                                                               {'de': 'de', 'en': 'en'})
+
+
+def test_a_failed_download_is_one_line_naming_the_url_and_leaves_nothing(tmp_path, monkeypatch):
+  def unreachable(url, filename):
+    Path(filename).write_bytes(b'half a file')  # what an interrupted transfer leaves
+    raise urllib.error.URLError(socket.gaierror(-2, 'Name or service not known'))
+
+  monkeypatch.setattr(urllib.request, 'urlretrieve', unreachable)
+  url = 'https://example.org/train.de.gz'
+  with pytest.raises(sources.MissingSourceError) as error:
+    sources.download({'data/train.de.gz': url}, tmp_path)
+  message = str(error.value)
+  assert '\n' not in message
+  assert url in message and 'Name or service not known' in message
+  assert sources.ENV_VAR in message and 'config.data.source_dir' in message
+  assert not [p for p in tmp_path.rglob('*') if p.is_file()]
