@@ -11,7 +11,7 @@
 #   SRC, TGT  the direction (default de, en); the binarized de-en data serves both, since fairseq
 #             also looks for train.de-en.* when asked for en-de
 #   HOURS     wall-clock budget (default 1); SEED fairseq's --seed (default 1); FS_OUT the output
-#             folder; FS_VENV, FS_DATA as bench.sh's
+#             folder (default per direction, hours and seed); FS_VENV, FS_DATA as bench.sh's
 #
 # ../shared/peers/fairseq/train_hour.sh with the direction as a variable, its hypotheses scored by
 # eval.py's scorer (the project's Python; SEQ2SEQ_DATA_DIR as for train.py). The peer's own scoring
@@ -20,7 +20,7 @@
 set -euo pipefail
 VENV="${FS_VENV:-/tmp/fsvenv2}"; DATA="${FS_DATA:-/tmp/fsdata}"; HOURS="${HOURS:-1}"; SEED="${SEED:-1}"
 SRC="${SRC:-de}"; TGT="${TGT:-en}"
-OUT="${FS_OUT:-$DATA/tiny_${SRC}_${TGT}_${HOURS}h}"
+OUT="${FS_OUT:-$DATA/tiny_${SRC}_${TGT}_${HOURS}h_seed${SEED}}"  # fairseq resumes from a folder's checkpoint_last.pt
 export OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
 mkdir -p "$OUT"
 start=$(date +%s)
