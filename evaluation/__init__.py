@@ -1,1 +1,2 @@
-"""Evaluating translations: decoding and scoring a split, validation during training, a finished run opened for eval.py."""
+"""Evaluating translations: decoding and scoring a split, validation during training, a finished
+run opened for eval.py."""

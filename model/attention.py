@@ -234,5 +234,6 @@ class MultiHeadAttention(nn.Module):
     """Zero self-attention cache of `length` slots for the `beam_size` hypotheses of each of
     `batch_size` sentences, a sentence's hypotheses in one row."""
     head_dim = self.d_model // self.num_heads
-    return {'key': jnp.zeros((batch_size, self.num_heads, head_dim, length * beam_size), self.dtype),  # [B, N, H, C*K]
-            'value': jnp.zeros((batch_size, self.num_heads, length * beam_size, head_dim), self.dtype)}  # [B, N, C*K, H]
+    slots = length * beam_size
+    return {'key': jnp.zeros((batch_size, self.num_heads, head_dim, slots), self.dtype),  # [B, N, H, C*K]
+            'value': jnp.zeros((batch_size, self.num_heads, slots, head_dim), self.dtype)}  # [B, N, C*K, H]

@@ -118,7 +118,8 @@ def benchmark_training(config, vocab_size: int, batch_size: int, source_length: 
       jax.block_until_ready(metrics)
     profile = [{'operation': name, 'seconds': seconds, 'share': share} for name, seconds, share
                in profile_summary.top_operations(profile_summary.read_events(profile_dir), 15)]
-  return {'profile_top': profile,'model': model, 'variables': train_state.model_variables(state.params, state.batch_stats),
+  return {'profile_top': profile, 'model': model,
+          'variables': train_state.model_variables(state.params, state.batch_stats),
           'train_step_seconds': step_seconds, 'train_step_seconds_all': step_times,
           'train_tokens_per_sec': batch_size * target_length / step_seconds,
           'compile_seconds': {'train_step': compile_seconds}, 'train_step_temp_mb': temp_mb,

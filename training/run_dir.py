@@ -47,9 +47,10 @@ SOURCE_FILE = 'source.json'
 
 # Fields a resumed run may change: how long it trains, how often it logs, evaluates and saves, the
 # learning-rate schedule, evaluation settings, the slices a step is computed in (the same
-# gradient; only the dropout masks are drawn per slice) and the steps dispatched at once. Every other field changes the parameters, the
-# optimizer state, the tokenizer, the data or the dropout stream, so resuming with another value
-# would fail in orbax or, worse, silently mix two experiments.
+# gradient; only the dropout masks are drawn per slice) and the steps dispatched at once. Every
+# other field changes the parameters, the optimizer state, the tokenizer, the data or the dropout
+# stream, so resuming with another value would fail in orbax or, worse, silently mix two
+# experiments.
 RESUMABLE_FIELDS = frozenset({
     'train.num_steps', 'train.num_epochs', 'train.time_budget_minutes', 'train.log_every',
     'train.eval_every', 'train.checkpoint_every', 'train.keep_checkpoints', 'train.save_on_stop_after',

@@ -311,7 +311,8 @@ def set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: 
                     checkpoint_every=config.train.checkpoint_every)
   return Run(
       config=config, workdir=workdir, is_primary=is_primary, console=bar, say=say,
-      train_iter=train_iter, batches=batches, model=model, steps=steps, state=state, checkpointer=checkpointer, writer=writer,
+      train_iter=train_iter, batches=batches, model=model, steps=steps, state=state,
+      checkpointer=checkpointer, writer=writer,
       progress=progress, clock=clock, window=window, schedule=schedule, train_step=train_step,
       budget=budget, eta=eta,
       report=actions.MetricsReport(
