@@ -40,9 +40,11 @@ def data_cache(tmp_path_factory) -> Path:
 # --no-loadscope-reorder); long files left to the end would keep one worker busy while the other
 # sits idle. The other files follow in their usual order.
 _LONGEST_FILES_FIRST = (
-    'test_scaling.py', 'test_eval.py', 'test_train.py', 'test_transformer.py', 'test_component_matrix.py',
-    'test_reliability.py', 'test_parallel.py', 'test_sweep.py', 'test_length_extrapolation.py',
-    'test_packing.py', 'test_slurm.py', 'test_analyses.py', 'test_configs.py', 'test_decoding.py')
+    'test_eval.py', 'test_train.py', 'test_members.py', 'test_transformer.py', 'test_scaling.py',
+    'test_sweep.py', 'test_microbatch.py', 'test_length_extrapolation.py', 'test_parallel.py',
+    'test_slurm.py', 'test_vocabularies.py', 'test_analyses.py', 'test_reliability.py', 'test_fusion.py',
+    'test_component_matrix.py', 'test_failures.py', 'test_packing.py', 'test_configs.py',
+    'test_decoding.py')
 
 
 def pytest_collection_modifyitems(items):
