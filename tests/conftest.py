@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sweep_fixtures import NO_LLVM_OPTIMISATION
+
 # The local Multi30k/IWSLT14 copy beside the repository (../shared/data), unless the
 # environment names another; subprocesses started by tests inherit the variable.
 _DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / 'shared' / 'data'
@@ -17,6 +19,10 @@ os.environ.setdefault('CI', '1')
 _COMPILATION_CACHE = Path(tempfile.gettempdir()) / f'seq2seq_lab_test_xla_cache_{os.getuid()}'
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', str(_COMPILATION_CACHE))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
+# LLVM's optimisation off for the session and the processes it starts: the tests compile many small
+# programs and run each for a few steps, so compiling dominates (see tests/sweep_fixtures.py).
+if NO_LLVM_OPTIMISATION not in os.environ.get('XLA_FLAGS', ''):
+  os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {NO_LLVM_OPTIMISATION}".strip()
 
 # After the environment above: it imports the data library, hence jax.
 from tests.data_fixtures import shared_cache_dir  # pylint: disable=wrong-import-position

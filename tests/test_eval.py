@@ -2,7 +2,6 @@
 
 import functools
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -26,7 +25,6 @@ from training import partitioning, train_state, trainer
 from evaluation.line_translator import LineTranslator
 from evaluation import averaging, trained_model, translating
 from training.checkpointing import Checkpointer
-from tests.sweep_fixtures import NO_LLVM_OPTIMISATION
 
 REPO = Path(__file__).resolve().parents[1]
 PAD, EOS, BOS = 0, 1, 2
@@ -174,10 +172,8 @@ def smoke_run(tmp_path_factory, data_cache):
 
 
 def run_eval(*args, stdin=None):
-  # Without LLVM's optimisation: these eval.py runs compile for most of their time.
-  env = {**os.environ, 'XLA_FLAGS': NO_LLVM_OPTIMISATION}
   return subprocess.run([sys.executable, 'eval.py', *args], cwd=REPO, capture_output=True, text=True,
-                        timeout=300, input=stdin, env=env)
+                        timeout=300, input=stdin)
 
 
 def moses_lowercase(lines):

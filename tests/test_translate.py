@@ -1,14 +1,12 @@
 """scripts/translate.py: a model loaded once answers each stdin line before the next one is sent,
 with eval.py --input's translations, and an empty or unusable line keeps its place."""
 
-import os
 import queue
 import subprocess
 import sys
 import threading
 
 from tests.test_eval import REPO, run_eval, smoke_run  # pylint: disable=unused-import
-from tests.test_eval import NO_LLVM_OPTIMISATION
 
 LIMITS = ('--max_length_a=2', '--max_length_b=0.5')
 
@@ -33,8 +31,7 @@ def test_each_line_is_answered_as_it_arrives_as_eval_py_translates_it(smoke_run,
   lines = ['Ein Mann fährt Fahrrad.', '', 'Zwei Hunde spielen im Schnee.', 'Ein Mann fährt Fahrrad.']
   process = subprocess.Popen(
       [sys.executable, '-m', 'scripts.translate', f'--workdir={workdir}', '--nbest=2', *LIMITS],
-      cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      env={**os.environ, 'XLA_FLAGS': NO_LLVM_OPTIMISATION})
+      cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   next_line, answers = _line_reader(process), []
   for line in lines:
     process.stdin.write(line + '\n')
@@ -56,8 +53,7 @@ def test_a_bad_line_is_one_line_on_stderr_and_the_next_is_still_translated(smoke
   workdir, _ = smoke_run
   result = subprocess.run(
       [sys.executable, '-m', 'scripts.translate', f'--workdir={workdir}', *LIMITS], cwd=REPO,
-      input=b'Ein Hund \xff.\nEin Hund.\n', capture_output=True, timeout=300,
-      env={**os.environ, 'XLA_FLAGS': NO_LLVM_OPTIMISATION})
+      input=b'Ein Hund \xff.\nEin Hund.\n', capture_output=True, timeout=300)
   assert result.returncode == 0
   outputs = result.stdout.decode().split('\n')
   assert len(outputs) == 3 and outputs[0] == '' and outputs[1]
