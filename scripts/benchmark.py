@@ -169,6 +169,8 @@ def measure(config, *, vocab_size: int, batch_size: int, source_length: int, tar
       'train_step_seconds': train['train_step_seconds'],
       'train_step_seconds_all': train['train_step_seconds_all'],
       'compile_seconds': train['compile_seconds']['train_step'],
+      'train_step_temp_mb': train['train_step_temp_mb'],
+      'loss_chunk_tokens': config.train.loss_chunk_tokens,
       'train_step_flops': train['train_step_flops'],
       'achieved_tflops': achieved_tflops,
       'decode_sentences_per_sec': {name: r['sentences_per_sec'] for name, r in decode.items()},
@@ -230,10 +232,10 @@ def main(argv):
       warmup=WARMUP.value, decode_batch_size=DECODE_BATCH_SIZE.value,
       decode_repeats=DECODE_REPEATS.value, beam_size=BEAM_SIZE.value, peak_tflops=PEAK_TFLOPS.value,
       profile_dir=PROFILE_DIR.value)
-  print(summary(report))
-  if OUT.value:
+  if OUT.value:  # written before the summary, so that a long measurement is never lost to it
     Path(OUT.value).parent.mkdir(parents=True, exist_ok=True)
     Path(OUT.value).write_text(json.dumps(report, indent=2))
+  print(summary(report))
 
 
 if __name__ == '__main__':
