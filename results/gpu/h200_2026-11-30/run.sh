@@ -7,6 +7,10 @@
 # products) in what is left of TOTAL_S. Needs .whl/ and .gpudata/ from
 # `bash scripts/accelerator_figures.sh prepare`; run as `OUT=$OUT bash results/gpu/h200_2026-11-30/run.sh`.
 # Arguments go to every training run.
+# The records here, from one call of 522 s on one NVIDIA H200 (TOTAL_S=560 SWEEP_S=330):
+# converge_key_warmup0/ (the runs stopped at the deadline, 2,984-3,008 steps in), then
+# figures.txt, tiny_k1.json, tiny_k8.json, seeds4.json and figures_times.txt (the IWSLT-size,
+# compile-warm and eval.py phases did not fit; iwslt_bf16.sh measured the first in a second call).
 set -u
 cd "$(dirname "$0")/../../.."
 START=$SECONDS
