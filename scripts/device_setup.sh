@@ -3,8 +3,9 @@
 # .gpudata/ it reads Multi30k and its prepared data from there. Both are made on a CPU beforehand by
 # `bash scripts/accelerator_figures.sh prepare`. Then the settings every GPU figure in the docs was
 # measured with: float32 products as on a CPU, unless JAX_DEFAULT_MATMUL_PRECISION is set before
-# (tensorfloat32: TF32 tensor-core products, float32 everywhere else); cuBLAS GEMMs (Triton's autotuning compiles for over
-# a minute); no up-front claim of the GPU's memory, so that several processes share it.
+# (tensorfloat32: TF32 tensor-core products, float32 everywhere else); cuBLAS GEMMs (Triton's
+# autotuning compiles for over a minute); no up-front claim of the GPU's memory, so that several
+# processes share it.
 if command -v nvidia-smi > /dev/null; then
   # Installed once per machine, and again when .whl/ holds other wheels than those installed.
   wheels=$(ls .whl | md5sum)
