@@ -164,6 +164,8 @@ def get_config() -> ml_collections.ConfigDict:
   train.divergence_loss_ceiling = 100.0
   # Diverged when a logged window's mean training loss exceeds this multiple of the lowest one (0 disables).
   train.divergence_growth = 5.0
+  # Steps traced with jax.profiler into the run's profile/ folder after its first record (0: none).
+  train.profile_steps = 0
 
   evaluation = config.eval = ml_collections.ConfigDict()
   # Beam width of eval.py decoding (1 is greedy).

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.test_train import params_equal_bitwise, read_jsonl, smoke_config
+from tests.test_train import params_equal_bitwise, read_jsonl, smoke_config, traced_events
 from training import members, trainer
 
 SEEDS = [0, 1]
@@ -223,3 +223,17 @@ def test_a_member_that_diverges_stops_alone_and_the_others_train_on(
   assert (diverged['state'], diverged['step']) == ('diverged', 5)
   assert json.load(open(os.path.join(workdirs[1], 'status.json')))['state'] == 'finished'
   assert max_relative_difference(survivor.params, alone[1].params) < 1e-4
+
+
+def test_a_profiled_group_traces_into_its_first_members_folder_and_trains_unchanged(
+    alone_and_together, tmp_path, data_cache):
+  """One program trains the members: one trace, of steps 6-8, in the first member's folder."""
+  _, _, together, _ = alone_and_together
+  workdirs = [tmp_path / f'seed_{seed}' for seed in SEEDS]
+  profiled = members.train_members(members_config(data_cache, profile_steps=3),
+                                   [str(workdir) for workdir in workdirs], seeds(*SEEDS))
+  for seed, state in zip(SEEDS, profiled):
+    assert params_equal_bitwise(state.params, together[seed].params)
+  calls = {event['name'] for event in traced_events(workdirs[0])}
+  assert any(name.startswith('PjitFunction(') for name in calls)
+  assert not (workdirs[1] / 'profile').exists()

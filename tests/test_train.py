@@ -1,5 +1,6 @@
 """train.py end to end on the smoke config: records, resume, divergence, bad input, sharding."""
 
+import gzip
 import json
 import logging
 import os
@@ -332,3 +333,45 @@ def test_steps_per_call_trains_bitwise_as_one_step_per_call_and_resumes_exactly(
   assert sorted(os.listdir(tmp_path / 'grouped' / 'checkpoints')) == ['10', '20']
   # Killed after 7 steps (4 in one dispatch, 1 to the step-5 record, 2 more), resumed from step 0.
   assert_resume_reproduces(config(4), str(tmp_path / 'killed'), 7, single, single_dir)
+
+
+def traced_events(workdir) -> list[dict]:
+  """The complete events of the run's one jax.profiler trace."""
+  [trace] = Path(workdir, 'profile').glob('**/perfetto_trace.json.gz')
+  with gzip.open(trace) as file:
+    events = json.load(file)
+  return [event for event in events.get('traceEvents', events) if event.get('ph') == 'X']
+
+
+def test_profile_steps_trace_exactly_their_steps_and_leave_the_training_unchanged(
+    tmp_path, data_cache, capsys):
+  """Every pair in one shape, 4 steps a dispatch, records every 5: the trace of steps 6-9 holds
+  their one group dispatch and no single step, record or validation, and the run trains bitwise
+  as without it. A trace longer than the run stops at its last step, before the final
+  validation."""
+  def config(profile_steps):
+    config = smoke_config(data_cache, num_steps=12, log_every=5, eval_every=10,
+                          checkpoint_every=10, steps_per_call=4, profile_steps=profile_steps)
+    config.data.update(pack_length=32, eval_examples=8)
+    return config
+
+  def calls(workdir):
+    return {event['name'] for event in traced_events(workdir)
+            if event['name'].startswith('PjitFunction(')}
+
+  plain = trainer.train_and_evaluate(config(0), str(tmp_path / 'plain'))
+  profiled = trainer.train_and_evaluate(config(4), str(tmp_path / 'profiled'))
+  assert params_equal_bitwise(profiled.params, plain.params)
+  assert params_equal_bitwise(profiled.opt_state, plain.opt_state)
+  assert_same_records(str(tmp_path / 'profiled'), str(tmp_path / 'plain'))
+  assert 'profile of steps 6-9 written to ' in capsys.readouterr().err
+  assert 'PjitFunction(steps_and_accumulate)' in calls(tmp_path / 'profiled')
+  assert not {'PjitFunction(step_and_accumulate)', 'PjitFunction(eval_step)'} & calls(
+      tmp_path / 'profiled')
+  assert not (tmp_path / 'plain' / 'profile').exists()
+  long_trace = config(100)
+  long_trace.train.eval_every = 12  # validation only after the last step
+  trainer.train_and_evaluate(long_trace, str(tmp_path / 'long_trace'))
+  assert 'profile of steps 6-12 written to ' in capsys.readouterr().err
+  assert 'PjitFunction(step_and_accumulate)' in calls(tmp_path / 'long_trace')  # steps 10-12
+  assert 'PjitFunction(eval_step)' not in calls(tmp_path / 'long_trace')

@@ -17,7 +17,7 @@ _POSITIVE_INTS = {
 }
 # Counts where 0 means none, all, or off (each field's comment in configs/base.py says which).
 _COUNTS = {
-    'train': ('num_steps', 'num_epochs', 'loss_chunk_tokens'),
+    'train': ('num_steps', 'num_epochs', 'loss_chunk_tokens', 'profile_steps'),
     'optim': ('warmup_steps',),
     'data': ('eval_examples', 'num_workers'),
 }

@@ -278,6 +278,7 @@ class _Group:
                        f'{[run.progress.step for run in runs]} (train them apart to one step)')
     self.runs, self.console = runs, console
     self.runs_at_start = list(runs)
+    self.profiling = runs[0].profiling  # one program: its trace goes to the first member's folder
     self.clocks = _Clocks(runs)
     self.mesh = partitioning.make_mesh()
     self.step = MemberStep([run.config for run in runs], runs[0], self.mesh, self.clocks)
@@ -294,6 +295,7 @@ class _Group:
     try:
       while self.runs and self.runs[0].progress.step < self.runs[0].progress.total_steps:
         lead = self.runs[0]
+        self.profiling.before_steps(lead.progress.step, self.states)
         steps = min(self.step.steps_per_call, trainer.steps_before_a_pause(lead, stop_after_steps))
         member_batches = [[next(run.train_iter) for _ in range(steps)] for run in self.runs]
         for run, batches in zip(self.runs, member_batches):
@@ -306,6 +308,7 @@ class _Group:
         for run in self.runs:
           run.progress.step += steps
           run.progress.steps_this_run += steps
+        self.profiling.after_steps(lead.progress, self.states)
         signum = signals.requested(lead.progress.step)
         if _at_a_pause(lead) or signum is not None or stop_after_steps is not None:
           self._act(signum)
@@ -317,6 +320,7 @@ class _Group:
         trainer.close_records(run)
     finally:
       signals.uninstall()
+      self.profiling.close(self.runs_at_start[0].progress.step)
       for run in self.runs:
         run.checkpointer.close()
         run.writer.close()

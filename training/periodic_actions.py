@@ -5,6 +5,7 @@ trainer.py's loop dispatches a step, advances `Progress` and hands the step to t
   Validation     every train.eval_every steps: validation loss and greedy BLEU
   Checkpointing  every train.checkpoint_every steps, and on a stop signal
   EpochClock     each epoch's wall time
+  Profiling      once, train.profile_steps steps traced with jax.profiler
   (time_budget.BudgetKeeper: a budgeted run's plans and its early end)
 `Clock` keeps the seconds that are not training (compiling, validating, saving) out of tokens/s
 and out of a budget's step timing; `MetricsWindow` holds the step metrics summed on device.
@@ -294,6 +295,57 @@ class EpochClock:
       seconds = time.perf_counter() - self._start
       self._writer.write(step, {'epoch_finished': epoch, 'epoch_seconds': seconds})
       logging.info('epoch %d finished at step %d in %.1f s', epoch, step, seconds)
+
+
+class Profiling:
+  """`steps` training steps traced with jax.profiler into `folder`, once, from this invocation's
+  first metrics record on: the first step's compiling stays out of the trace.
+
+  The trace starts after the pause at its first step's predecessor (record, validation,
+  checkpoint) and stops before the pause at its last step, each time with the device idle (the
+  queued steps finished): it holds those steps and the host's work between them, nothing else.
+  Writing it out is left out of training time. The loop ends a group of steps where the trace
+  starts or stops. Python's own calls are not traced: tracing them would slow the host loop whose
+  share of the time the trace is there to show.
+  """
+
+  def __init__(self, *, steps: int, log_every: int, start_step: int, folder: str, clock: Clock,
+               say):
+    self.start_at = (start_step // log_every + 1) * log_every if steps else None
+    self.stop_at = self.start_at + steps if steps else None
+    self._folder, self._clock, self._say = folder, clock, say
+    self._tracing = False
+
+  def next_at(self, step: int) -> int | None:
+    """The first step after `step` at which the trace starts or stops, if any."""
+    return next((at for at in (self.start_at, self.stop_at) if at is not None and at > step), None)
+
+  def before_steps(self, step: int, state) -> None:
+    """Before the loop takes the batches that follow `step`."""
+    if step == self.start_at:
+      jax.block_until_ready(state)
+      options = jax.profiler.ProfileOptions()
+      options.python_tracer_level = 0
+      jax.profiler.start_trace(self._folder, create_perfetto_trace=True, profiler_options=options)
+      self._tracing = True
+
+  def after_steps(self, progress: Progress, state) -> None:
+    """After the steps up to `progress.step` are dispatched, before the pause there; a run that
+    ends first ends the trace at its last step."""
+    if self._tracing and (progress.step == self.stop_at or progress.at_end):
+      jax.block_until_ready(state)
+      self.close(progress.step)
+
+  def close(self, step: int) -> None:
+    """Stops a trace still running (at `step`: its last step, or where the loop left)."""
+    if not self._tracing:
+      return
+    writing_start = time.perf_counter()
+    jax.profiler.stop_trace()
+    self._tracing = False
+    self._clock.pause(time.perf_counter() - writing_start)
+    self._say(f'profile of steps {self.start_at + 1}-{step} written to {self._folder} '
+              f'(python -m scripts.profile_summary {self._folder})')
 
 
 class CompileClock:

@@ -10,6 +10,7 @@ WORKDIR/checkpoints/       orbax checkpoints (training/checkpointing.py)
 WORKDIR/damaged_checkpoints/  checkpoints that failed to restore, moved aside by train.py
 WORKDIR/train.log          library logging
 WORKDIR/eval/              eval.py's hypotheses and scores, <split>.hyp.txt and <split>.json
+WORKDIR/profile/           jax.profiler traces of train.profile_steps steps (periodic_actions.Profiling)
 WORKDIR/run.lock           who is training the run now (`RunLock`)
 
 A workdir may be a local path or a bucket (`gs://...`, through etils.epath, which orbax uses too):
@@ -42,20 +43,21 @@ CHECKPOINT_DIR = 'checkpoints'
 DAMAGED_CHECKPOINT_DIR = 'damaged_checkpoints'
 LOG_FILE = 'train.log'
 EVAL_DIR = 'eval'
+PROFILE_DIR = 'profile'
 LOCK_FILE = 'run.lock'
 SOURCE_FILE = 'source.json'
 
 # Fields a resumed run may change: how long it trains, how often it logs, evaluates and saves, the
 # learning-rate schedule, evaluation settings, the slices a step is computed in (the same
-# gradient; only the dropout masks are drawn per slice) and the steps dispatched at once. Every
-# other field changes the parameters, the optimizer state, the tokenizer, the data or the dropout
-# stream, so resuming with another value would fail in orbax or, worse, silently mix two
-# experiments.
+# gradient; only the dropout masks are drawn per slice), the steps dispatched at once and the steps
+# profiled. Every other field changes the parameters, the optimizer state, the tokenizer, the data
+# or the dropout stream, so resuming with another value would fail in orbax or, worse, silently mix
+# two experiments.
 RESUMABLE_FIELDS = frozenset({
     'train.num_steps', 'train.num_epochs', 'train.time_budget_minutes', 'train.log_every',
     'train.eval_every', 'train.checkpoint_every', 'train.keep_checkpoints', 'train.save_on_stop_after',
     'train.divergence_loss_ceiling', 'train.divergence_growth', 'train.microbatch_tokens',
-    'train.steps_per_call',
+    'train.steps_per_call', 'train.profile_steps',
     'optim.learning_rate', 'optim.schedule', 'optim.warmup_steps', 'optim.decay_epochs',
     'optim.decay_factor', 'optim.inverse_sqrt_scale',
     'data.cache_dir', 'data.num_workers', 'data.eval_split', 'data.eval_batch_size',

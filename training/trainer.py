@@ -100,6 +100,7 @@ class Run:
   validation: actions.Validation
   checkpointing: actions.Checkpointing
   epochs: actions.EpochClock
+  profiling: actions.Profiling
 
 
 def _train(run: Run, stop_after_steps: int | None) -> train_state.TrainState:
@@ -111,11 +112,13 @@ def _train(run: Run, stop_after_steps: int | None) -> train_state.TrainState:
   signals.install()
   try:
     while progress.step < progress.total_steps:
+      run.profiling.before_steps(progress.step, state)
       batches = run.batches.take(steps_before_a_pause(run, stop_after_steps))
       run.epochs.before_steps(progress, [int(batch.pop('epoch')) for batch in batches])
       state, run.window.sums = run.train_step(state, run.window.sums, batches, run.schedule.argument)
       progress.step += len(batches)
       progress.steps_this_run += len(batches)
+      run.profiling.after_steps(progress, state)
       run.budget.ends_early(progress, run.clock, run.schedule)
       run.report(progress)
       run.budget.after_report(progress.step, run.clock.paused)
@@ -140,6 +143,7 @@ def _train(run: Run, stop_after_steps: int | None) -> train_state.TrainState:
     raise
   finally:
     signals.uninstall()
+    run.profiling.close(progress.step)
     run.checkpointer.close()
     run.writer.close()
     if run.console:
@@ -163,7 +167,7 @@ def close_records(run: Run) -> None:
 
 def steps_before_a_pause(run: Run, stop_after_steps: int | None) -> int:
   """Steps to the next one after which the loop must act (a record, validation, checkpoint, time
-  budget plan, the run's end), so that a group of steps in one dispatch never passes it."""
+  budget plan, profile, the run's end), so that a group of steps in one dispatch never passes it."""
   progress = run.progress
   steps = progress.total_steps - progress.step
   for every in (run.report.every, run.validation.every, run.checkpointing.every):
@@ -172,6 +176,9 @@ def steps_before_a_pause(run: Run, stop_after_steps: int | None) -> int:
     steps = min(steps, run.budget.plan_at - progress.step)
   if stop_after_steps is not None:
     steps = min(steps, stop_after_steps - progress.steps_this_run)
+  profile_at = run.profiling.next_at(progress.step)
+  if profile_at is not None:
+    steps = min(steps, profile_at - progress.step)
   return steps
 
 
@@ -326,7 +333,10 @@ def set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: 
       checkpointing=actions.Checkpointing(
           every=config.train.checkpoint_every, save_on_stop_after=config.train.save_on_stop_after,
           checkpointer=checkpointer, train_iter=batches, clock=clock, last_saved=latest or 0),
-      epochs=actions.EpochClock(writer, steps.steps_per_epoch))
+      epochs=actions.EpochClock(writer, steps.steps_per_epoch),
+      profiling=actions.Profiling(
+          steps=config.train.profile_steps, log_every=config.train.log_every, start_step=step,
+          folder=str(run_dir.path(workdir, run_dir.PROFILE_DIR)), clock=clock, say=say))
 
 
 def _restore(checkpointer: Checkpointer, state: train_state.TrainState, batches: BatchGroups, say,
