@@ -1,6 +1,8 @@
 #!/bin/bash
 # The accelerator figures of docs/performance.md in one device call, most valuable first; a phase
-# starts only with 60 s of LIMIT_S (default 540) to spare. Each phase writes its JSON and log to
+# starts only with 60 s of LIMIT_S (default 540) to spare, and only if PHASES (default: all; names
+# separated by commas) names it: all of them need ~9 minutes on an H200, more than one call can
+# take. compile_warm and eval need tiny_k1 in the same call. Each phase writes its JSON and log to
 # $WORK (default /tmp/figures); figures.txt sums them up, and $OUT receives figures.txt and
 # figures.tgz (the device call brings back only a few files):
 #   tiny_k1     the tiny recipe, one run, one step per dispatch: target tokens/s and its
@@ -8,8 +10,12 @@
 #               TINY_PACK (default 64) tokens: every Multi30k pair in one batch shape, so nothing
 #               breaks a group of steps or the seeds' shared step, and one shape compiles
 #               (the recipe's 32 gives three)
-#   tiny_k8     the same with 8 steps per dispatch (train.steps_per_call)
-#   seeds4      four seeds of it trained together (train.py --seeds), against tiny_k1
+#   tiny_k8     the same with 8 steps per dispatch (train.steps_per_call), 16 of its steps traced
+#               (train.profile_steps): the top operations, and the share of the traced time the
+#               GPU was busy
+#   seeds4      four seeds of it trained together (train.py --seeds), against tiny_k1; 10 steps
+#               traced
+#   seeds4_k8   the four seeds with 8 steps per dispatch, 16 steps traced
 #   iwslt_bf16  the IWSLT-size step (6+6, d_model 512, FFN 1024) in bfloat16 at 1,024 x 32 tokens:
 #               MFU, and the top operations of a jax.profiler trace
 #   iwslt_bf16_chunks  the same with the loss's normaliser in chunks of 4,096 tokens
@@ -43,6 +49,7 @@ export JAX_COMPILATION_CACHE_DIR=/tmp/figures_xla
 
 phase() {  # name, then the command; GPU busy sampled every 100 ms while it runs
   local name=$1; shift
+  [[ ",${PHASES:-$name}," == *",$name,"* ]] || return
   if [ $SECONDS -gt $((DEADLINE - 60)) ]; then echo "$name: skipped, out of time" >> "$WORK/figures.txt"; return; fi
   local smi=
   if command -v nvidia-smi > /dev/null; then
@@ -62,8 +69,9 @@ tiny() {  # name, then benchmark_train flags
 
 rm -rf /tmp/figures_xla /tmp/figures_tiny_k1  # a cold cache, and no earlier run for tiny_k1 to resume
 tiny tiny_k1 --workdir=/tmp/figures_tiny_k1
-tiny tiny_k8 --steps_per_call=8
-tiny seeds$SEEDS --seeds=$SEEDS
+tiny tiny_k8 --steps_per_call=8 --profile_steps=16
+tiny seeds$SEEDS --seeds=$SEEDS --profile_steps=10
+tiny seeds${SEEDS}_k8 --seeds=$SEEDS --steps_per_call=8 --profile_steps=16
 phase iwslt_bf16 python3 -m scripts.benchmark --config=configs/iwslt14.py \
   --config.model.dtype=bfloat16 --source_length=32 --target_length=32 "${IWSLT[@]}" \
   --decode_repeats=1 --profile_dir=/tmp/figures_profile --out="$WORK/iwslt_bf16.json"
@@ -85,12 +93,18 @@ def busy(name):
       if (out / f'{name}.smi').exists() else []
   # Over the whole process, compiling included: a short phase's figure is mostly its compile.
   return f', GPU busy {statistics.mean(samples):.0f}% of the process' if samples else ''
-for name in ('tiny_k1', 'tiny_k8', 'seeds2', 'seeds4', 'compile_warm'):
+for name in ('tiny_k1', 'tiny_k8', 'seeds2', 'seeds4', 'seeds2_k8', 'seeds4_k8', 'compile_warm'):
   path = out / f'{name}.json'
   if path.exists():
     r = json.loads(path.read_text())
     print(f"{name}: {r['tokens_per_sec']:,.0f} target tokens/s (median window, {r.get('seeds', 1)} "
           f"seed(s)); {r['compiled_shapes']} shapes compiled in {r['compile_seconds']:.1f} s{busy(name)}; {r['device']}")
+    if r.get('profile_top'):
+      traced = r['profile_device_busy']
+      print(f"  {r['profile_steps']} traced steps" + (
+          f', device busy {traced:.1%} of the traced time' if traced is not None else '') + ':')
+      for row in r['profile_top'][:8]:
+        print(f"  {row['share']:6.1%}  {row['seconds'] * 1e3:9.2f} ms  {row['operation']}")
 for name in ('iwslt_bf16', 'iwslt_bf16_chunks'):
   path = out / f'{name}.json'
   if path.exists():

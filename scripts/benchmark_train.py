@@ -5,6 +5,7 @@
   SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --recipe=small --pack_length=0 --max_tokens=4096
   SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --vocabulary=separate
   SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --seeds=4   # 4 seeds together
+  SEQ2SEQ_DATA_DIR=../shared/data python -m scripts.benchmark_train --profile_steps=16   # traced
 
 Runs `training.trainer.train_and_evaluate` (the loop users run: the grain pipeline, batches with
 their real padding, the per-step host work) for `--steps` steps of a recipe matching
@@ -37,8 +38,9 @@ from data import datasets, pipeline, vocabularies as vocabularies_lib
 from model import flops
 from model.config import DTYPES
 from model.transformer import Transformer
+from scripts import profile_summary
 from scripts.timing import cpu_matmul_gflops
-from training import command_line, members, run_log, train_state, trainer
+from training import command_line, members, run_dir, run_log, train_state, trainer
 from training.run_dir import METRICS_FILE
 
 def _recipe(layers: int, d_model: int, d_ff: int, heads: int, dropout: float, learning_rate: float,
@@ -78,13 +80,19 @@ DTYPE = flags.DEFINE_enum('dtype', 'float32', list(DTYPES), 'config.model.dtype:
                           '(params, logits, softmax, norm statistics and the loss stay float32).')
 SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds trained together as one program (training/members.py); '
                              'the throughput is their sum.', lower_bound=1)
+PROFILE_STEPS = flags.DEFINE_integer('profile_steps', 0, 'config.train.profile_steps: trace this many '
+                                     'steps after the first log window with jax.profiler and report '
+                                     'their top operations and, on an accelerator, the share of the '
+                                     'traced time the device was busy (one window runs traced: the '
+                                     'median leaves it out).', lower_bound=0)
 VOCABULARY = flags.DEFINE_enum('vocabulary', 'joint', list(vocabularies_lib.VOCABULARIES), 'config.data.vocabulary; '
                                "'separate' also sets config.model.share_embeddings=False.")
 
 
 def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int | None = None,
                   microbatch_tokens: int | None = None, dtype: str = 'float32',
-                  max_tokens: int | None = None, vocabulary: str = 'joint', steps_per_call: int = 1):
+                  max_tokens: int | None = None, vocabulary: str = 'joint', steps_per_call: int = 1,
+                  profile_steps: int = 0):
   """The :de_en preset (its data and batching) with the recipe's model and optimizer; None keeps
   the preset's pack_length and max_tokens."""
   config = multi30k.get_config('de_en')
@@ -97,6 +105,7 @@ def recipe_config(recipe: str, steps: int, log_every: int, pack_length: int | No
     config.data.max_tokens = max_tokens
   config.train.microbatch_tokens = microbatch_tokens
   config.train.steps_per_call = steps_per_call
+  config.train.profile_steps = profile_steps
   for section, fields in RECIPES[recipe].items():
     config[section].update(fields)
   config.optim.schedule = 'inverse_sqrt'
@@ -125,6 +134,14 @@ def measure(config, workdir: str, seeds: int = 1) -> dict:
     member_windows.append([r['tokens_per_sec'] for r in records if 'tokens_per_sec' in r])
   windows = [sum(window) for window in zip(*member_windows)]
   last = [r for r in records if 'compiled_shapes' in r][-1]
+  profile = {}
+  if config.train.profile_steps:
+    events = profile_summary.read_events(str(Path(workdirs[0], run_dir.PROFILE_DIR)))
+    profile = {'profile_steps': config.train.profile_steps,
+               'profile_device_busy': profile_summary.device_busy(events),
+               'profile_top': [{'operation': name, 'seconds': seconds, 'share': share}
+                               for name, seconds, share
+                               in profile_summary.top_operations(events, 15)]}
   return {
       'seeds': seeds,
       'device': f'{jax.devices()[0].platform}: {jax.devices()[0].device_kind} x{jax.device_count()}',
@@ -134,6 +151,7 @@ def measure(config, workdir: str, seeds: int = 1) -> dict:
       'tokens_per_sec_windows': windows,
       'compiled_shapes': last['compiled_shapes'],
       'compile_seconds': last['compile_seconds'],
+      **profile,
   }
 
 
@@ -164,7 +182,7 @@ def main(argv):
   run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
   config = recipe_config(RECIPE.value, STEPS.value, LOG_EVERY.value, PACK_LENGTH.value,
                          MICROBATCH_TOKENS.value, DTYPE.value, MAX_TOKENS.value, VOCABULARY.value,
-                         STEPS_PER_CALL.value)
+                         STEPS_PER_CALL.value, PROFILE_STEPS.value)
   with tempfile.TemporaryDirectory() as scratch:
     report = measure(config, WORKDIR.value or scratch, SEEDS.value)
   report['recipe'] = RECIPE.value
@@ -185,6 +203,12 @@ def main(argv):
           if 'cpu_matmul_peak_gflops' in report else '')
   print(f"  {report['matmul_flops_per_target_token'] / 1e6:.2f} matmul MFLOP per real target token, "
         f"{report['model_gflops_per_sec']:.1f} GFLOP/s{peak}")
+  if report.get('profile_top'):
+    busy = report['profile_device_busy']
+    print(f"  {report['profile_steps']} traced steps' top operations"
+          + (f', device busy {busy:.1%} of the traced time:' if busy is not None else ':'))
+    print(profile_summary.format_table([(row['operation'], row['seconds'], row['share'])
+                                        for row in report['profile_top']]))
   if OUT.value:
     Path(OUT.value).parent.mkdir(parents=True, exist_ok=True)
     Path(OUT.value).write_text(json.dumps(report, indent=2))

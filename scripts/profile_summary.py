@@ -39,19 +39,28 @@ def read_events(trace_dir: str) -> list[dict]:
 _WAITS = ('(wait for completion)', 'Await')
 
 
-def operation_seconds(events: list[dict]) -> collections.Counter:
-  """Seconds per operation name, each operation's time counted once (see the module docstring)."""
+def _device_operations(events: list[dict]) -> list[dict] | None:
+  """The device's operation events (its "XLA Ops" lines, else all its lines), or None for a trace
+  without a device."""
   names = {(event['pid'], event.get('tid')): event['args']['name'] for event in events
            if event.get('ph') == 'M' and event.get('name') in ('process_name', 'thread_name')}
-  complete = [event for event in events if event.get('ph') == 'X']
   device = {pid for (pid, tid), name in names.items() if tid is None and name.startswith('/device:')}
+  if not device:
+    return None
+  on_device = [event for event in events if event.get('ph') == 'X' and event['pid'] in device]
+  ops = [event for event in on_device if 'XLA Ops' in names.get((event['pid'], event.get('tid')), '')]
+  return ops or on_device
+
+
+def operation_seconds(events: list[dict]) -> collections.Counter:
+  """Seconds per operation name, each operation's time counted once (see the module docstring)."""
   seconds = collections.Counter()
-  if device:
-    on_device = [event for event in complete if event['pid'] in device]
-    ops = [event for event in on_device if 'XLA Ops' in names.get((event['pid'], event.get('tid')), '')]
-    for event in ops or on_device:
+  device_operations = _device_operations(events)
+  if device_operations is not None:
+    for event in device_operations:
       seconds[event['name']] += event.get('dur', 0.0) / 1e6  # trace time is in microseconds
     return seconds
+  complete = [event for event in events if event.get('ph') == 'X']
   threads = collections.defaultdict(list)
   for event in complete:
     if not event['name'].startswith('$'):
@@ -71,6 +80,28 @@ def operation_seconds(events: list[dict]) -> collections.Counter:
   return seconds
 
 
+def device_busy(events: list[dict]) -> float | None:
+  """The share of the trace's span (its first event's start to its last one's end) in which the
+  device ran an operation, overlapping operations counted once; None without a device.
+
+  A trace that starts and stops with the device idle, as train.py's (train.profile_steps), spans
+  its steps and the host's work between them: 1 - busy is the share the device waited on the host.
+  """
+  device_operations = _device_operations(events)
+  if device_operations is None:
+    return None
+  complete = [event for event in events if event.get('ph') == 'X']
+  span = (max(event['ts'] + event.get('dur', 0.0) for event in complete)
+          - min(event['ts'] for event in complete))
+  busy, covered_to = 0.0, float('-inf')
+  for start, end in sorted((event['ts'], event['ts'] + event.get('dur', 0.0))
+                           for event in device_operations):
+    if end > covered_to:
+      busy += end - max(start, covered_to)
+      covered_to = end
+  return busy / span if span else None
+
+
 def top_operations(events: list[dict], count: int) -> list[tuple[str, float, float]]:
   """[(name, seconds, share of the counted time)], the longest `count` first."""
   seconds = operation_seconds(events)
@@ -85,7 +116,11 @@ def format_table(rows: list[tuple[str, float, float]]) -> str:
 def main(argv):
   if len(argv) != 2:
     raise SystemExit('usage: python -m scripts.profile_summary TRACE_DIR [--top=N]')
-  print(format_table(top_operations(read_events(argv[1]), TOP.value)))
+  events = read_events(argv[1])
+  print(format_table(top_operations(events, TOP.value)))
+  busy = device_busy(events)
+  if busy is not None:
+    print(f'device busy {busy:.1%} of the trace\'s span')
 
 
 if __name__ == '__main__':

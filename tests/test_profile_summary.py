@@ -31,6 +31,19 @@ def test_a_device_trace_counts_its_xla_ops_line_once_and_leaves_the_host_out():
   assert [share for _, _, share in rows] == pytest.approx([0.8, 0.2])
 
 
+def test_device_busy_is_the_union_of_the_device_operations_over_the_traces_span():
+  """A host call spans 0-10,000 µs; the device runs ops at 1,000-4,000 and 3,000-5,000 (overlapping:
+  4,000 µs together) and 8,000-9,000, with the same time again as kernels on a stream: busy 50%."""
+  events = [metadata('process_name', 1, '/host:CPU'), metadata('process_name', 2, '/device:GPU:0'),
+            metadata('thread_name', 2, 'XLA Ops', tid=7), metadata('thread_name', 2, 'Stream #13', tid=8),
+            op('PjitFunction(step)', 1, 1, 10000),
+            op('fusion.1', 2, 7, 3000, start=1000), op('dot.2', 2, 7, 2000, start=3000),
+            op('fusion.1', 2, 7, 1000, start=8000), op('sm90_gemm_kernel', 2, 8, 3000, start=1000)]
+  assert profile_summary.device_busy(events) == pytest.approx(0.5)
+  host_only = [metadata('process_name', 1, '/host:CPU'), op('PjitFunction(step)', 1, 1, 10000)]
+  assert profile_summary.device_busy(host_only) is None
+
+
 def test_a_cpu_trace_counts_each_events_own_time_by_kind_without_waits_or_python_frames(tmp_path):
   """Thread 1 runs a jitted call of 1,100 µs holding two thunks (600 and 100 µs) and waits 300 µs
   for thread 2, whose copy takes 200 µs: the call's own time is 100 µs, the two numbered copies
