@@ -277,17 +277,9 @@ def set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: 
   step = int(state.step)
   writer = run_log.MetricsWriter(workdir, is_primary=is_primary, start_step=step)
 
-  # A budgeted run's plans, the latest one read back on resume (process 0 reads the records; only
-  # its clock decides when to stop early).
-  plan = time_budget.BudgetPlan.of(config.train, max_steps)
-  if config.train.time_budget_minutes:
-    plan.resume(writer.previous_records if is_primary else [])
-    plan.agree(partitioning.agreed_numbers)
+  budget = _budget_keeper(config, max_steps, step, writer, say, is_primary)
+  plan = budget.plan
   total_steps = min(max_steps, plan.end_step) if plan.planned else max_steps
-  budget = time_budget.BudgetKeeper(
-      plan, budget_minutes=config.train.time_budget_minutes,
-      warmup_steps=config.optim.warmup_steps, log_every=config.train.log_every, start_step=step,
-      writer=writer, say=say, is_primary=is_primary, agreed=partitioning.agreed)
   saved_window = resumed.get('metrics_window')
   clock = actions.Clock(run_start, resumed.get('run_seconds', 0.0))  # {} for a new run
   schedule = Schedule(config.optim, steps, mesh, plan.length or RunLength.fixed(total_steps))
@@ -337,6 +329,20 @@ def set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: 
       profiling=actions.Profiling(
           steps=config.train.profile_steps, log_every=config.train.log_every, start_step=step,
           folder=str(run_dir.path(workdir, run_dir.PROFILE_DIR)), clock=clock, say=say))
+
+
+def _budget_keeper(config: ml_collections.ConfigDict, max_steps: int, step: int,
+                   writer: run_log.MetricsWriter, say, is_primary: bool) -> time_budget.BudgetKeeper:
+  """A budgeted run's plans, the latest one read back on resume (process 0 reads the records; only
+  its clock decides when to stop early)."""
+  plan = time_budget.BudgetPlan.of(config.train, max_steps)
+  if config.train.time_budget_minutes:
+    plan.resume(writer.previous_records if is_primary else [])
+    plan.agree(partitioning.agreed_numbers)
+  return time_budget.BudgetKeeper(
+      plan, budget_minutes=config.train.time_budget_minutes,
+      warmup_steps=config.optim.warmup_steps, log_every=config.train.log_every, start_step=step,
+      writer=writer, say=say, is_primary=is_primary, agreed=partitioning.agreed)
 
 
 def _restore(checkpointer: Checkpointer, state: train_state.TrainState, batches: BatchGroups, say,
