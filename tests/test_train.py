@@ -348,7 +348,7 @@ def test_profile_steps_trace_exactly_their_steps_and_leave_the_training_unchange
   """Every pair in one shape, 4 steps a dispatch, records every 5: the trace of steps 6-9 holds
   their one group dispatch and no single step, record or validation, and the run trains bitwise
   as without it. A trace longer than the run stops at its last step, before the final
-  validation."""
+  validation; a run over before the trace's first step says it took none."""
   def config(profile_steps):
     config = smoke_config(data_cache, num_steps=12, log_every=5, eval_every=10,
                           checkpoint_every=10, steps_per_call=4, profile_steps=profile_steps)
@@ -375,3 +375,8 @@ def test_profile_steps_trace_exactly_their_steps_and_leave_the_training_unchange
   assert 'profile of steps 6-12 written to ' in capsys.readouterr().err
   assert 'PjitFunction(step_and_accumulate)' in calls(tmp_path / 'long_trace')  # steps 10-12
   assert 'PjitFunction(eval_step)' not in calls(tmp_path / 'long_trace')
+  short_run = config(4)
+  short_run.train.num_steps = 5  # over before the first record's step, where the trace starts
+  trainer.train_and_evaluate(short_run, str(tmp_path / 'short_run'))
+  assert ('no profile: training stopped at step 5, and the trace (train.profile_steps) was to '
+          'hold steps 6-9') in capsys.readouterr().err

@@ -314,7 +314,7 @@ class Profiling:
     self.start_at = (start_step // log_every + 1) * log_every if steps else None
     self.stop_at = self.start_at + steps if steps else None
     self._folder, self._clock, self._say = folder, clock, say
-    self._tracing = False
+    self._tracing = self._traced = False
 
   def next_at(self, step: int) -> int | None:
     """The first step after `step` at which the trace starts or stops, if any."""
@@ -327,7 +327,7 @@ class Profiling:
       options = jax.profiler.ProfileOptions()
       options.python_tracer_level = 0
       jax.profiler.start_trace(self._folder, create_perfetto_trace=True, profiler_options=options)
-      self._tracing = True
+      self._tracing = self._traced = True
 
   def after_steps(self, progress: Progress, state) -> None:
     """After the steps up to `progress.step` are dispatched, before the pause there; a run that
@@ -337,7 +337,12 @@ class Profiling:
       self.close(progress.step)
 
   def close(self, step: int) -> None:
-    """Stops a trace still running (at `step`: its last step, or where the loop left)."""
+    """Stops a trace still running (at `step`: its last step, or where the loop left), or says
+    that none was taken."""
+    if self.start_at is not None and not self._traced:
+      self._say(f'no profile: training stopped at step {step}, and the trace '
+                f'(train.profile_steps) was to hold steps {self.start_at + 1}-{self.stop_at}')
+      self._traced = True  # said once
     if not self._tracing:
       return
     writing_start = time.perf_counter()
