@@ -1,8 +1,8 @@
 #!/bin/bash
 # The accelerator figures of docs/performance.md in one device call, most valuable first; a phase
 # starts only with 60 s of LIMIT_S (default 540) to spare, and only if PHASES (default: all; names
-# separated by commas) names it: all of them need ~9 minutes on an H200, more than one call can
-# take. compile_warm and eval need tiny_k1 in the same call. Each phase writes its JSON and log to
+# separated by commas) names it: all of them need ~10 minutes on an H200, more than one call can
+# take. compile_warm, eval_cold and eval_warm need tiny_k1 in the same call. Each phase writes its JSON and log to
 # $WORK (default /tmp/figures); figures.txt sums them up, and $OUT receives figures.txt and
 # figures.tgz (the device call brings back only a few files):
 #   tiny_k1     the tiny recipe, one run, one step per dispatch: target tokens/s and its
@@ -21,6 +21,8 @@
 #   iwslt_bf16_chunks  the same with the loss's normaliser in chunks of 4,096 tokens
 #               (train.loss_chunk_tokens): no [32k, 10k] float32 logits
 #   compile_warm  tiny_k1's shapes again, on the now warm cache
+#   compile_autotune0  tiny_k1 on a cold cache of its own with XLA's GPU autotuning off
+#               (--xla_gpu_autotune_level=0): its compile time and step rate against tiny_k1's
 #   eval        eval.py's whole process on test_2016 (beam 5), cold cache, then warm
 # On the device machine, scripts/device_setup.sh installs the wheels and points at the data, both
 # made on the CPU beforehand by `bash scripts/accelerator_figures.sh prepare`. A trial at a few
@@ -67,7 +69,8 @@ tiny() {  # name, then benchmark_train flags
     --log_every=$LOG --pack_length="${TINY_PACK:-64}" --out="$WORK/$name.json" "$@"
 }
 
-rm -rf /tmp/figures_xla /tmp/figures_tiny_k1  # a cold cache, and no earlier run for tiny_k1 to resume
+# Cold caches, and no earlier run for tiny_k1 to resume.
+rm -rf /tmp/figures_xla /tmp/figures_xla_autotune0 /tmp/figures_tiny_k1
 tiny tiny_k1 --workdir=/tmp/figures_tiny_k1
 tiny tiny_k8 --steps_per_call=8 --profile_steps=16
 tiny seeds$SEEDS --seeds=$SEEDS --profile_steps=10
@@ -79,6 +82,8 @@ phase iwslt_bf16_chunks python3 -m scripts.benchmark --config=configs/iwslt14.py
   --config.model.dtype=bfloat16 --config.train.loss_chunk_tokens=4096 --source_length=32 \
   --target_length=32 "${IWSLT[@]}" --decode_repeats=1 --out="$WORK/iwslt_bf16_chunks.json"
 tiny compile_warm --steps=$((2 * LOG))
+JAX_COMPILATION_CACHE_DIR=/tmp/figures_xla_autotune0 XLA_FLAGS="$XLA_FLAGS --xla_gpu_autotune_level=0" \
+  tiny compile_autotune0 --steps=$((4 * LOG))
 if [ -d /tmp/figures_tiny_k1/checkpoints ]; then
   for cache in cold warm; do
     JAX_COMPILATION_CACHE_DIR=/tmp/figures_xla_eval phase eval_$cache /usr/bin/time -f '%e s' \
@@ -93,7 +98,8 @@ def busy(name):
       if (out / f'{name}.smi').exists() else []
   # Over the whole process, compiling included: a short phase's figure is mostly its compile.
   return f', GPU busy {statistics.mean(samples):.0f}% of the process' if samples else ''
-for name in ('tiny_k1', 'tiny_k8', 'seeds2', 'seeds4', 'seeds2_k8', 'seeds4_k8', 'compile_warm'):
+for name in ('tiny_k1', 'tiny_k8', 'seeds2', 'seeds4', 'seeds2_k8', 'seeds4_k8', 'compile_warm',
+             'compile_autotune0'):
   path = out / f'{name}.json'
   if path.exists():
     r = json.loads(path.read_text())
