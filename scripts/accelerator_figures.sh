@@ -2,9 +2,9 @@
 # The accelerator figures of docs/performance.md in one device call, most valuable first; a phase
 # starts only with 60 s of LIMIT_S (default 540) to spare, and only if PHASES (default: all; names
 # separated by commas) names it: all of them need ~10 minutes on an H200, more than one call can
-# take. compile_warm, eval_cold and eval_warm need tiny_k1 in the same call. Each phase writes its JSON and log to
-# $WORK (default /tmp/figures); figures.txt sums them up, and $OUT receives figures.txt and
-# figures.tgz (the device call brings back only a few files):
+# take. compile_warm, eval_cold and eval_warm need tiny_k1 in the same call. Each phase writes its
+# JSON and log to $WORK (default /tmp/figures); figures.txt sums them up, and $OUT receives
+# figures.txt and figures.tgz (the device call brings back only a few files):
 #   tiny_k1     the tiny recipe, one run, one step per dispatch: target tokens/s and its
 #               training shape compiled on a cold persistent cache. The tiny phases pack rows of
 #               TINY_PACK (default 64) tokens: every Multi30k pair in one batch shape, so nothing
