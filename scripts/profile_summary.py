@@ -10,7 +10,8 @@ lines. A CPU trace has no device: there it counts each host event's own time (le
 nested inside it on its thread, such as the thunks of a jitted call), leaves out the Python frames
 the profiler records ('$file.py:line') and the time threads spend waiting on each other, and sums
 the numbered copies of an operation ('ynn_fusion.406') under one name, so that the shares say
-which kinds of work the cores do.
+which kinds of work the cores do. On an accelerator it also gives the share of the trace's span in
+which the device ran anything: the rest it waited on the host.
 """
 
 import collections
