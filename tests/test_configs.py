@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from configs import base, iwslt14, multi30k, parallel_text, smoke
-from configs.sweeps import packing, xiong2020
+from configs.sweeps import packing, wu2021, xiong2020
 from data import datasets
 from model.transformer import Transformer
 from training import config_checks, stepping
@@ -33,6 +33,7 @@ CONFIGS = {
     'iwslt14:de_en': lambda: iwslt14.get_config('de_en'),
     **{f'parallel_text:{preset}': functools.partial(_own_corpus, preset) for preset in ('small', 'base')},
     'sweeps/packing': packing.get_config,
+    'sweeps/wu2021': wu2021.get_config,
     **{f'sweeps/xiong2020:{preset}': functools.partial(xiong2020.get_config, preset)
        for preset in xiong2020.PRESETS},
 }
@@ -69,6 +70,19 @@ def test_checking_a_config_starts_no_jax_backend():
                           timeout=120)
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.strip() == 'False'
+
+
+def test_wu2021_is_the_en_de_recipe_at_its_lengths_in_one_batch_shape():
+  hour, long = multi30k.get_config('en_de'), wu2021.get_config()
+  changed = {f'{section}.{key}' for section in hour for key in hour[section]
+             if hour[section][key] != long[section][key]}
+  assert changed == {'data.pack_length', 'train.num_steps', 'train.time_budget_minutes',
+                     'train.eval_every', 'train.checkpoint_every', 'train.keep_checkpoints'}
+  points = list(wu2021.sweep())
+  assert [point['train.num_steps'] for point in points] == [28_800, 38_400]
+  # Four validations a run, the last at its last step, as the hour recipe's 9,600 steps.
+  assert all(point['train.num_steps'] == 4 * point['train.eval_every'] for point in points)
+  assert hour.train.num_steps == 4 * hour.train.eval_every
 
 
 def test_direction_presets():
