@@ -57,7 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.tie_output_embedding = True
   # Attention kernel: 'xla' (portable einsums) or 'cudnn' (jax.nn.dot_product_attention, GPU).
   model.attention_impl = 'xla'
-  # Compute dtype of activations: 'float32' or 'bfloat16'; params, logits, softmax, norm stats stay float32.
+  # Compute dtype: 'float32' or 'bfloat16'; params, logits, softmax, norms, products' sums stay float32.
   model.dtype = 'float32'
   # Parameter initialiser of dense and attention projections: 'xavier_uniform' (fairseq) or 'lecun_normal'.
   model.kernel_init = 'xavier_uniform'

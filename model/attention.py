@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from model import position
+from model import position, products
 
 Cache = dict[str, jnp.ndarray]
 
@@ -125,7 +125,7 @@ class MultiHeadAttention(nn.Module):
     self.value = projection('value', value_out_init)
     self.out = nn.DenseGeneral(self.d_model, axis=(-2, -1), dtype=self.dtype,
                                param_dtype=jnp.float32, kernel_init=value_out_init,
-                               name='out')
+                               dot_general=products.dot_general, name='out')
     self.attention_dropout = nn.Dropout(self.dropout_rate)
 
   def _attend(self, query, key, value, mask, deterministic, bias=None):
@@ -140,8 +140,8 @@ class MultiHeadAttention(nn.Module):
     weights = [projection(inputs.shape[-1]) for projection in projections]
     kernel = jnp.concatenate([kernel for kernel, _ in weights], axis=1)  # [D, P * N, H]
     bias = jnp.concatenate([bias for _, bias in weights], axis=0)  # [P * N, H]
-    projected = jnp.einsum('...D,DNH->...NH', inputs.astype(self.dtype),
-                           kernel.astype(self.dtype)) + bias.astype(self.dtype)  # [B, L, P * N, H]
+    projected = (products.dense(inputs.astype(self.dtype), kernel)
+                 + bias.astype(self.dtype))  # [B, L, P * N, H]
     return jnp.split(projected, len(projections), axis=-2)
 
   def _rotate(self, query_or_key, positions):

@@ -12,6 +12,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from model import products
+
 
 class MLP(nn.Module):
   """W2 act(W1 x + b1) + b2 (Vaswani et al. 2017)."""
@@ -23,7 +25,7 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x):
     dense = functools.partial(nn.Dense, dtype=self.dtype, param_dtype=jnp.float32,
-                              kernel_init=self.kernel_init)
+                              kernel_init=self.kernel_init, dot_general=products.dot_general)
     hidden = self.activation(dense(self.d_ff, name='w1')(x))  # [B, L, F]
     return dense(x.shape[-1], name='w2')(hidden)  # [B, L, D]
 
@@ -37,7 +39,8 @@ class SwiGLU(nn.Module):
   @nn.compact
   def __call__(self, x):
     dense = functools.partial(nn.Dense, use_bias=False, dtype=self.dtype,
-                              param_dtype=jnp.float32, kernel_init=self.kernel_init)
+                              param_dtype=jnp.float32, kernel_init=self.kernel_init,
+                              dot_general=products.dot_general)
     hidden = jax.nn.silu(dense(self.d_ff, name='w1')(x)) * dense(self.d_ff, name='w3')(x)  # [B, L, F]
     return dense(x.shape[-1], name='w2')(hidden)  # [B, L, D]
 
