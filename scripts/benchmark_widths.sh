@@ -13,17 +13,20 @@
 #             iwslt  6+6 layers, d_model 512,  FFN 1024, 4 heads, dropout 0.3 (transformer_iwslt_de_en)
 #             big    6+6 layers, d_model 1024, FFN 4096, 16 heads, dropout 0.3 (transformer_vaswani_wmt_en_de_big)
 #   ROUNDS  rounds per width (default 1)
+#   DTYPES  train.py's compute dtypes, each timed after fairseq (default "float32"; fairseq trains
+#           in float32 on a CPU, its --bf16 being for TPUs)
 #   OUT     folder for the logs and train.py's JSON reports (default /tmp/widths)
 #   FS_VENV, FS_DATA, FS_THREADS as in bench.sh.
 #
 # Steps shrink with width so that each program takes a few minutes on 2 cores; both report the
 # median of their log windows after the first. fairseq's flags are bench.sh's: shared embeddings,
 # --max-tokens 4096, Adam (0.9, 0.98), inverse-sqrt warmup, label smoothing 0.1, no validation.
-# One line per width and round: "WIDTH round N: fairseq wps A, train.py B tok/s, B/A = R".
+# One line per width, round and dtype: "WIDTH round N: fairseq wps A, train.py DTYPE B tok/s,
+# B/A = R".
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${FS_VENV:-/tmp/fsvenv2}"; BIN="${FS_DATA:-/tmp/fsdata}/m30k"; OUT="${OUT:-/tmp/widths}"
-WIDTHS="${WIDTHS:-tiny small iwslt big}"; ROUNDS="${ROUNDS:-1}"
+WIDTHS="${WIDTHS:-tiny small iwslt big}"; ROUNDS="${ROUNDS:-1}"; DTYPES="${DTYPES:-float32}"
 [ -f "$BIN/dict.en.txt" ] || { echo "no fairseq data at $BIN: run ../shared/peers/fairseq/bench.sh once" >&2; exit 1; }
 export OMP_NUM_THREADS="${FS_THREADS:-2}" MKL_NUM_THREADS="${FS_THREADS:-2}"
 mkdir -p "$OUT"
@@ -66,10 +69,12 @@ w = [float(m.group(1)) for l in open(sys.argv[1]) if "train_inner" in l
 print(f"{statistics.median(w[1:] or w):.0f}")
 PY
 )
-    report="$OUT/train_${r}_$round.json"
-    (cd "$REPO" && python -m scripts.benchmark_train --recipe="$r" --steps="$steps" \
-       --log_every="$every" --out="$report" > "$OUT/train_${r}_$round.log" 2>&1)
-    ours=$(python -c "import json, sys; print(round(json.load(open(sys.argv[1]))['tokens_per_sec']))" "$report")
-    echo "$r round $round: fairseq wps $wps, train.py $ours tok/s, B/A = $(python -c "print(f'{$ours / $wps:.2f}')")"
+    for dtype in $DTYPES; do
+      report="$OUT/train_${r}_${dtype}_$round.json"
+      (cd "$REPO" && python -m scripts.benchmark_train --recipe="$r" --steps="$steps" \
+         --log_every="$every" --dtype="$dtype" --out="$report" > "${report%.json}.log" 2>&1)
+      ours=$(python -c "import json, sys; print(round(json.load(open(sys.argv[1]))['tokens_per_sec']))" "$report")
+      echo "$r round $round: fairseq wps $wps, train.py $dtype $ours tok/s, B/A = $(python -c "print(f'{$ours / $wps:.2f}')")"
+    done
   done
 done
