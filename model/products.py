@@ -47,29 +47,32 @@ def dense(x, kernel):
 
 
 def transposed_copy(x):
-  """x [M, K] transposed, [K, M], as an array of its own on a CPU; x.T elsewhere.
+  """x [M, K] transposed, [K, M]: for a product, x^T g. An array of its own for a narrow dtype on a
+  CPU; x.T, which XLA folds into the product, for float32 or elsewhere.
 
   XLA folds a plain transpose into the product that reads it (as a contraction over the first
   axis), which its CPU backend runs in float32 for a bfloat16 operand. A transpose of a reshaped
   x is not folded: the copy costs a pass over x, the product then runs at the bfloat16 rate.
   """
   rows, columns = x.shape
-  if jax.default_backend() != 'cpu' or columns % 16:
+  if x.dtype == jnp.float32 or jax.default_backend() != 'cpu' or columns % 16:
     return x.T
   split = x.reshape(rows, columns // 16, 16)  # [M, K / 16, 16]
   return jnp.transpose(split, (1, 2, 0)).reshape(columns, rows)  # [K, M]
 
 
-@jax.custom_vjp
-def _rounded_product(x, w):
+def _product(x, w):
   """x [M, K] times w [K, N], both of one narrow dtype: accumulated in float32, rounded to it."""
   return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
+_rounded_product = jax.custom_vjp(_product)
+
+
 def _rounded_product_forward(x, w):
-  # The product written out rather than a call of _rounded_product: forward-mode differentiation
-  # of the gradient (Hessian-vector products, scripts/hessian.py) cannot pass a custom_vjp call.
-  return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype), (x, w)
+  # _product, not _rounded_product: forward-mode differentiation of the gradient (Hessian-vector
+  # products, scripts/hessian.py) cannot pass a custom_vjp call.
+  return _product(x, w), (x, w)
 
 
 def _rounded_product_backward(residuals, out_grad):

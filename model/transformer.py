@@ -73,11 +73,8 @@ def _tied_logits_backward(residuals, logits_grad):
                       preferred_element_type=jnp.float32).astype(x.dtype)
   flat_x = x.reshape(-1, x.shape[-1])  # [N, D]
   flat_grad = logits_grad.reshape(-1, logits_grad.shape[-1])  # [N, V]
-  if x.dtype == jnp.float32:
-    kernel_grad = jnp.einsum('ND,NV->DV', flat_x, flat_grad, preferred_element_type=jnp.float32)
-  else:  # XLA's CPU backend multiplies bfloat16 at its own rate only from x's transposed copy
-    kernel_grad = jnp.dot(products.transposed_copy(flat_x), flat_grad,
-                          preferred_element_type=jnp.float32)  # [D, V]
+  kernel_grad = jnp.dot(products.transposed_copy(flat_x), flat_grad,
+                        preferred_element_type=jnp.float32)  # [D, V]
   # The barrier keeps XLA from folding the transpose back into the product.
   kernel_grad = jax.lax.optimization_barrier(kernel_grad)  # [D, V]
   return x_grad, kernel_grad.T.astype(embedding.dtype)  # [V, D]
