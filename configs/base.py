@@ -33,7 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.num_encoder_layers = 3
   # Decoder layers.
   model.num_decoder_layers = 3
-  # Dropout on the embeddings and on every sublayer output before the residual sum.
+  # Dropout on the embeddings and on every sublayer output before the residual sum (model/dropout.py: the keep probability is rounded to a multiple of 2^-16).
   model.dropout_rate = 0.1
   # Dropout on attention probabilities.
   model.attention_dropout_rate = 0.0

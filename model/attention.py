@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from model import position, products
+from model.dropout import Dropout
 
 Cache = dict[str, jnp.ndarray]
 
@@ -126,7 +127,7 @@ class MultiHeadAttention(nn.Module):
     self.out = nn.DenseGeneral(self.d_model, axis=(-2, -1), dtype=self.dtype,
                                param_dtype=jnp.float32, kernel_init=value_out_init,
                                dot_general=products.dot_general, name='out')
-    self.attention_dropout = nn.Dropout(self.dropout_rate)
+    self.attention_dropout = Dropout(self.dropout_rate)
 
   def _attend(self, query, key, value, mask, deterministic, bias=None):
     dropout = lambda probs: self.attention_dropout(probs, deterministic=deterministic)

@@ -28,6 +28,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from model.attention import Cache, MultiHeadAttention
+from model.dropout import Dropout
 from model.feedforward import FEEDFORWARDS
 from model.fusion import fusion_boundary
 from model.norms import NORMS
@@ -166,7 +167,7 @@ class _Layer(nn.Module):
         d_ff=cfg.d_ff, dtype=cfg.compute_dtype,
         kernel_init=scaled_init(cfg.initializer, self._placement_scale('init_gain')), name='ffn')
     self.make_joint('ffn')
-    self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.dropout = Dropout(cfg.dropout_rate)
 
   def connect(self, x, sublayer: Sublayer, name: str, token_mask, train: bool):
     """Joins `sublayer` (followed by dropout), whose norms and weights `make_joint(name)` made,

@@ -43,6 +43,7 @@ import ml_collections
 from model import decoding, masks, products
 from model.blocks import PLACEMENTS, DecoderLayer, EncoderLayer
 from model.config import ModelConfig
+from model.dropout import Dropout
 from model.norms import NORMS
 from model.position import POSITIONS
 
@@ -124,7 +125,7 @@ class Transformer(nn.Module):
     if not cfg.tie_output_embedding:
       self.output_kernel = self.param('output_kernel', cfg.initializer,
                                       (cfg.d_model, cfg.target_vocab_size))  # [D, V]
-    self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.dropout = Dropout(cfg.dropout_rate)
 
   def _target_embedding(self) -> nn.Embed:
     return self.source_embedding if self.config.share_embeddings else self.separate_target_embedding
