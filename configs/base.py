@@ -152,7 +152,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Label smoothing of the cross entropy (0 disables).
   train.label_smoothing = 0.1
   # Padded tokens per slice a step's forward and backward pass is computed in (0: the whole batch;
-  # None: 512 on a CPU, whose cache they then fit, and 0 on accelerators or with BatchNorm).
+  # None: 512 on a CPU in float32 and 1,024 in bfloat16, whose cache they then fit, and 0 on
+  # accelerators or with BatchNorm).
   train.microbatch_tokens = ml_collections.config_dict.placeholder(int)
   # Tokens per chunk of the loss's normaliser, so the [B, T, V] logits are never whole (0: whole).
   train.loss_chunk_tokens = 0

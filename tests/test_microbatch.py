@@ -101,7 +101,10 @@ def test_the_default_slices_on_a_cpu_but_not_batchnorm_and_an_explicit_size_with
   config = base.get_config()
   assert config.train.microbatch_tokens is None
   assert jax.default_backend() == 'cpu'
-  assert train_state.microbatch_tokens(config) == train_state.CPU_MICROBATCH_TOKENS
+  assert train_state.microbatch_tokens(config) == 512
+  config.model.dtype = 'bfloat16'  # half the bytes a token: twice the tokens a slice
+  assert train_state.microbatch_tokens(config) == 1024
+  config.model.dtype = 'float32'
   config.train.microbatch_tokens = 0
   assert train_state.microbatch_tokens(config) == 0
   config.train.microbatch_tokens = None

@@ -64,12 +64,14 @@ def packing_features(batch: dict) -> dict:
 # On a CPU a step's activations outgrow the last-level cache and stream from memory; computed in
 # slices of about this many padded tokens they stay in it, and the tiny and small Multi30k recipes
 # train 1.07-1.35x faster per step on the two CPU models measured (docs/performance.md; 512 was
-# at or near the best size on both). Accelerators want the whole batch at once.
-CPU_MICROBATCH_TOKENS = 512
+# at or near the best size on both in float32). bfloat16 activations take half the bytes, so twice
+# the tokens fit: 1,024 is 1.01-1.07x 512 there. Accelerators want the whole batch at once.
+CPU_MICROBATCH_TOKENS = {'float32': 512, 'bfloat16': 1024}
 
 
 def microbatch_tokens(config: ml_collections.ConfigDict) -> int:
-  """config.train.microbatch_tokens, with None resolved: CPU_MICROBATCH_TOKENS on a CPU, else 0.
+  """config.train.microbatch_tokens, with None resolved: CPU_MICROBATCH_TOKENS of the compute
+  dtype on a CPU, else 0.
 
   BatchNorm normalises over the whole batch, so it is never sliced (check_config refuses an
   explicit size with it).
@@ -78,7 +80,7 @@ def microbatch_tokens(config: ml_collections.ConfigDict) -> int:
     return config.train.microbatch_tokens
   if jax.default_backend() != 'cpu' or config.model.norm == 'batch':
     return 0
-  return CPU_MICROBATCH_TOKENS
+  return CPU_MICROBATCH_TOKENS[config.model.dtype]
 
 
 def microbatch_count(rows: int, length: int, tokens: int) -> int:
