@@ -48,23 +48,22 @@ from model.norms import NORMS
 from model.position import POSITIONS
 
 
-@jax.custom_vjp
-def tied_logits(x, embedding):
-  """x [..., D] times the embedding table [V, D] transposed: float32 logits [..., V].
-
-  The gradient is written out so the table's gradient is computed as x^T g ([D, V], both
-  operands in their natural layout) and then transposed (V x D values). Left to autodiff, XLA
-  computes g^T x directly, which first copies the [..., V] logit gradient into transposed
-  layout: on CPU that copy took ~25% of the output layer's time.
-  """
+def _logits(x, embedding):
+  """x [..., D] times the embedding table [V, D] transposed: float32 logits [..., V]."""
   return jnp.einsum('...D,VD->...V', x, embedding.astype(x.dtype), preferred_element_type=jnp.float32)
 
 
+# _logits with its gradient written out, so the table's gradient is computed as x^T g ([D, V], both
+# operands in their natural layout) and then transposed (V x D values). Left to autodiff, XLA
+# computes g^T x directly, which first copies the [..., V] logit gradient into transposed layout:
+# on CPU that copy took ~25% of the output layer's time.
+tied_logits = jax.custom_vjp(_logits)
+
+
 def _tied_logits_forward(x, embedding):
-  # The product written out rather than a call of tied_logits: forward-mode differentiation of
-  # the gradient (Hessian-vector products, scripts/hessian.py) cannot pass a custom_vjp call.
-  logits = jnp.einsum('...D,VD->...V', x, embedding.astype(x.dtype), preferred_element_type=jnp.float32)
-  return logits, (x, embedding)
+  # _logits, not tied_logits: forward-mode differentiation of the gradient (Hessian-vector
+  # products, scripts/hessian.py) cannot pass a custom_vjp call.
+  return _logits(x, embedding), (x, embedding)
 
 
 def _tied_logits_backward(residuals, logits_grad):
