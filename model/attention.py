@@ -35,8 +35,7 @@ def attention_weights(query, key, mask, bias=None):
     bias: float32 broadcastable to [B, N, T, S] (ALiBi), or None.
   """
   query = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
-  logits = jnp.einsum('BTNH,BSNH->BNTS', query, key,
-                      preferred_element_type=jnp.float32)  # [B, N, T, S]
+  logits = products.einsum('BTNH,BSNH->BNTS', query, key, jnp.float32)  # [B, N, T, S]
   if bias is not None:
     logits = logits + bias
   logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
@@ -58,7 +57,7 @@ def xla_attention(query, key, value, mask, dropout, bias=None):
     [B, T, N, H] in the dtype of `value`.
   """
   probs = dropout(attention_weights(query, key, mask, bias))  # [B, N, T, S]
-  return jnp.einsum('BNTS,BSNH->BTNH', probs.astype(value.dtype), value)  # [B, T, N, H]
+  return products.einsum('BNTS,BSNH->BTNH', probs.astype(value.dtype), value)  # [B, T, N, H]
 
 
 def _fused_attention(implementation: Optional[str]) -> Callable:

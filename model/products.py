@@ -12,6 +12,11 @@ bfloat16 at about twice its float32 rate only when
 So the backward pass is written out: the output's cotangent rounded to bfloat16, and the weight
 gradient read from a transposed copy of x made in a form XLA does not fold back into the product.
 
+Attention's two batched products (`einsum`) are rounded the same way: bfloat16 operands, float32
+sums, and in the backward pass the cotangent rounded to bfloat16 before both gradient products. Left
+to autodiff, the float32 cotangent of the float32 logits made XLA convert the queries, keys and
+values to float32 for the backward products, and keep copies of them in both dtypes.
+
 Dimensions: M rows (tokens), K contracted, N out.
 """
 
@@ -85,3 +90,61 @@ def _rounded_product_backward(residuals, out_grad):
 
 
 _rounded_product.defvjp(_rounded_product_forward, _rounded_product_backward)
+
+
+def einsum(spec: str, lhs, rhs, out_dtype=None):
+  """jnp.einsum(spec, lhs, rhs) of two operands of one dtype, returned in `out_dtype` (default:
+  theirs). In float32 it is jnp.einsum's product; in a narrower dtype the sums are float32 and
+  the backward products take the cotangent rounded to the operands' dtype (`_rounded_einsum`).
+
+  `spec` is 'lhs,rhs->out' with every operand axis in the output or the other operand (no axis
+  summed inside one operand), as attention's 'BTNH,BSNH->BNTS' and 'BNTS,BSNH->BTNH'.
+  """
+  if lhs.dtype != rhs.dtype:
+    raise ValueError(f'products.einsum {spec!r}: operands of one dtype expected, got '
+                     f'{lhs.dtype} and {rhs.dtype}')
+  out_dtype = jnp.dtype(out_dtype or lhs.dtype)
+  if lhs.dtype == jnp.float32:
+    return jnp.einsum(spec, lhs, rhs).astype(out_dtype)
+  return _rounded_einsum(spec, out_dtype, lhs, rhs)
+
+
+def _einsum(spec, out_dtype, lhs, rhs):
+  return jnp.einsum(spec, lhs, rhs, preferred_element_type=jnp.float32).astype(out_dtype)
+
+
+_rounded_einsum = jax.custom_vjp(_einsum, nondiff_argnums=(0, 1))
+
+
+def _rounded_einsum_forward(spec, out_dtype, lhs, rhs):
+  # _einsum, not _rounded_einsum: see _rounded_product_forward.
+  return _einsum(spec, out_dtype, lhs, rhs), (lhs, rhs)
+
+
+def _rounded_einsum_backward(spec, out_dtype, residuals, out_grad):
+  del out_dtype
+  lhs, rhs = residuals
+  operands, out = spec.split('->')
+  lhs_axes, rhs_axes = operands.split(',')
+  out_grad = out_grad.astype(lhs.dtype)
+  lhs_grad = _float32_einsum(lhs_axes, (out_grad, out), (rhs, rhs_axes))
+  rhs_grad = _float32_einsum(rhs_axes, (out_grad, out), (lhs, lhs_axes))
+  return lhs_grad.astype(lhs.dtype), rhs_grad.astype(rhs.dtype)
+
+
+def _float32_einsum(out_axes: str, first, second):
+  """The einsum of two (operand, axes) pairs into `out_axes` with float32 sums, the operand that
+  holds the output's first axis of its own taken first.
+
+  XLA's CPU product of two bfloat16 operands into float32 exists for a batched product only in
+  some operand orders (for attention's 'BTNH,BNTS->BSNH' it fails to run, for 'BNTS,BTNH->BSNH'
+  not), and this order is one that runs for each of attention's gradient products.
+  """
+  own = [axis for axis in out_axes if (axis in first[1]) != (axis in second[1])]
+  if own and own[0] in second[1]:
+    first, second = second, first
+  return jnp.einsum(f'{first[1]},{second[1]}->{out_axes}', first[0], second[0],
+                    preferred_element_type=jnp.float32)
+
+
+_rounded_einsum.defvjp(_rounded_einsum_forward, _rounded_einsum_backward)

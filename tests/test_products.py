@@ -83,3 +83,55 @@ def test_bfloat16_hessian_vector_products_pass_the_written_out_gradient():
   rounded = direction.astype(jnp.bfloat16).astype(jnp.float32)
   np.testing.assert_allclose(hvp, 2 * x32.T @ (x32 @ rounded), rtol=3e-2,
                              atol=3e-2 * float(jnp.abs(hvp).max()))
+
+
+@pytest.mark.parametrize('spec, lhs_shape, rhs_shape, out_dtype', [
+    ('BTNH,BSNH->BNTS', (2, 5, 3, 8), (2, 7, 3, 8), jnp.float32),  # attention's logits
+    ('BNTS,BSNH->BTNH', (2, 3, 5, 7), (2, 7, 3, 8), jnp.bfloat16),  # its weighted values
+])
+def test_bfloat16_einsum_and_gradients_accumulate_in_float32(spec, lhs_shape, rhs_shape,
+                                                             out_dtype):
+  """Attention's batched products in bfloat16: the float32 einsum of the rounded operands, and
+  gradients from the cotangent rounded to bfloat16, each rounded once."""
+  lhs = _normal(*lhs_shape, dtype=jnp.bfloat16)
+  rhs = _normal(*rhs_shape, dtype=jnp.bfloat16)
+  got, vjp = jax.vjp(jax.jit(lambda a, b: products.einsum(spec, a, b, out_dtype)), lhs, rhs)
+  out_grad = _normal(*got.shape, dtype=out_dtype)
+  lhs_grad, rhs_grad = vjp(out_grad)
+  as32 = lambda a: a.astype(jnp.bfloat16).astype(jnp.float32)
+  # The float32 reference and its gradients are autodiff's of jnp.einsum.
+  reference = lambda a, b: jnp.einsum(spec, a, b, precision=jax.lax.Precision.HIGHEST)
+  want, want_vjp = jax.vjp(reference, as32(lhs), as32(rhs))
+  want_lhs_grad, want_rhs_grad = want_vjp(as32(out_grad))
+  assert got.dtype == out_dtype
+  assert lhs_grad.dtype == rhs_grad.dtype == jnp.bfloat16
+  for value, reference in ((got, want.astype(out_dtype)), (lhs_grad, want_lhs_grad),
+                           (rhs_grad, want_rhs_grad)):
+    # float32 sums in another order, then at most one bfloat16 rounding.
+    np.testing.assert_allclose(np.asarray(value, np.float32), np.asarray(reference, np.float32),
+                               rtol=2 ** -7, atol=1e-2)
+
+
+def test_float32_einsum_is_jnp_einsum():
+  lhs, rhs = _normal(2, 5, 3, 8), _normal(2, 7, 3, 8)
+  np.testing.assert_array_equal(products.einsum('BTNH,BSNH->BNTS', lhs, rhs),
+                                jnp.einsum('BTNH,BSNH->BNTS', lhs, rhs))
+
+
+def test_einsum_rejects_operands_of_two_dtypes():
+  with pytest.raises(ValueError, match='one dtype expected, got bfloat16 and float32'):
+    products.einsum('ij,jk->ik', _normal(2, 3, dtype=jnp.bfloat16), _normal(3, 4))
+
+
+def test_bfloat16_einsum_hessian_vector_products_pass_the_written_out_gradient():
+  """As for `dense`: forward-mode differentiation of the einsum's written-out gradient is defined
+  and equals the closed form 2 A^T A v of the quadratic loss |A w|^2 per batch entry."""
+  a = _normal(3, 6, 8, dtype=jnp.bfloat16)  # [B, T, H]
+  w, direction = _normal(3, 8, 5), _normal(3, 8, 5)  # [B, H, S]
+  loss = lambda w: (products.einsum('BTH,BHS->BTS', a, w.astype(jnp.bfloat16), jnp.float32)
+                    ** 2).sum()
+  _, hvp = jax.jvp(jax.grad(loss), (w,), (direction,))
+  a32 = a.astype(jnp.float32)
+  rounded = direction.astype(jnp.bfloat16).astype(jnp.float32)
+  want = 2 * np.einsum('BTH,BTK,BKS->BHS', a32, a32, rounded)
+  np.testing.assert_allclose(hvp, want, rtol=3e-2, atol=3e-2 * float(jnp.abs(want).max()))
