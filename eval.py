@@ -130,26 +130,29 @@ SEARCH_FLAGS = ('beam_size', 'length_penalty', 'length_penalty_form', 'early_sto
                 'max_length_a', 'max_length_b', 'smallest_batch')
 
 
-def define_decoding_flags() -> None:
+def define_decoding_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """The flags eval.py and scripts/translate.py share: the run, its checkpoint, the search and the
   hypotheses written per input line."""
-  flags.DEFINE_string('workdir', None, 'Run directory of train.py.', required=True)
-  flags.DEFINE_string('checkpoint', 'last', "'last', 'best', a saved step, or 'avg:N'.")
+  flags.DEFINE_string('workdir', None, 'Run directory of train.py.', required=True,
+                      flag_values=flag_values)
+  flags.DEFINE_string('checkpoint', 'last', "'last', 'best', a saved step, or 'avg:N'.",
+                      flag_values=flag_values)
   flags.DEFINE_integer('nbest', 1, 'Hypotheses written per input line, with their scores '
-                       '(at most the beam size).', lower_bound=1)
+                       '(at most the beam size).', lower_bound=1, flag_values=flag_values)
   flags.DEFINE_integer('beam_size', None, 'Beam width, 1 for greedy search '
-                       '(default: config.eval.beam_size).', lower_bound=1)
+                       '(default: config.eval.beam_size).', lower_bound=1, flag_values=flag_values)
   flags.DEFINE_float('length_penalty', None, 'Length penalty alpha '
-                     '(default: config.eval.length_penalty).')
+                     '(default: config.eval.length_penalty).', flag_values=flag_values)
   flags.DEFINE_enum('length_penalty_form', 'fairseq', ['fairseq', 'gnmt'],
-                    'score / len**alpha, or GNMT score / ((5 + len) / 6)**alpha.')
+                    'score / len**alpha, or GNMT score / ((5 + len) / 6)**alpha.',
+                    flag_values=flag_values)
   flags.DEFINE_bool('early_stopping', False, "Stop a sentence's beam search at its K-th finished "
                     'hypothesis, as fairseq does, instead of when no alive one can beat it '
-                    '(exact; for alpha > 0 often the length limit).')
+                    '(exact; for alpha > 0 often the length limit).', flag_values=flag_values)
   flags.DEFINE_integer('max_length_a', 10, 'Tokens generated at most: a + b * source length; '
-                       'this is a.', lower_bound=0)
+                       'this is a.', lower_bound=0, flag_values=flag_values)
   flags.DEFINE_float('max_length_b', 1.2, 'b of the length limit a + b * source length.',
-                     lower_bound=0.0)
+                     lower_bound=0.0, flag_values=flag_values)
 
 
 def search_flag_settings(args: flags.FlagValues) -> dict:
@@ -157,28 +160,34 @@ def search_flag_settings(args: flags.FlagValues) -> dict:
   return {name: args[name].value if name in args else None for name in SEARCH_FLAGS}
 
 
-def define_flags() -> None:
-  """eval.py's command line; only when run as a program, so scripts can import this module.
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """eval.py's command line; only when run as a program, so scripts can import this module (or
+  into a FlagValues of their own, to call `evaluate` in-process).
 
   No --config flag: the config is the one the run saved in WORKDIR/config.json.
   """
-  define_decoding_flags()
-  flags.DEFINE_string('split', None, 'Split to translate and score, e.g. test_2016.')
-  flags.DEFINE_string('input', None, "Text file to translate, one sentence per line; '-' for stdin.")
-  flags.DEFINE_string('output', None, 'Where --input translations go (default: stdout).')
-  flags.mark_flags_as_mutual_exclusive(['split', 'input'], required=True)
+  define_decoding_flags(flag_values)
+  flags.DEFINE_string('split', None, 'Split to translate and score, e.g. test_2016.',
+                      flag_values=flag_values)
+  flags.DEFINE_string('input', None, "Text file to translate, one sentence per line; '-' for stdin.",
+                      flag_values=flag_values)
+  flags.DEFINE_string('output', None, 'Where --input translations go (default: stdout).',
+                      flag_values=flag_values)
+  flags.mark_flags_as_mutual_exclusive(['split', 'input'], required=True, flag_values=flag_values)
   flags.DEFINE_integer('batch_size', None, 'Sentences per batch '
-                       '(default: config.data.eval_batch_size).', lower_bound=1)
+                       '(default: config.data.eval_batch_size).', lower_bound=1,
+                       flag_values=flag_values)
   flags.DEFINE_integer('smallest_batch', None, 'Beam search drops finished sentences from a '
                        'batch in halvings down to this many (one compiled search loop per '
                        'halving): ~10-15% faster decoding on a CPU for longer compiling, which '
                        'may pay on much larger splits (default: --batch_size, a single loop).',
-                       lower_bound=1)
+                       lower_bound=1, flag_values=flag_values)
   flags.DEFINE_integer('cpu_devices', 0, 'Devices the CPU is split into, each searching its own '
                        'rows of a batch (0: one per core while each gets at least 16 sentences).',
-                       lower_bound=0)
+                       lower_bound=0, flag_values=flag_values)
   flags.DEFINE_string('out_dir', None, 'Folder of the hypotheses and JSON report '
-                      '(default: WORKDIR/eval); one per setting when comparing several.')
+                      '(default: WORKDIR/eval); one per setting when comparing several.',
+                      flag_values=flag_values)
 
 
 def main(argv):

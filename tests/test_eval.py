@@ -2,6 +2,7 @@
 
 import functools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import optax
 import pytest
 import sacrebleu
 import sacremoses
+from absl import flags
 
 import eval as eval_lib
 from configs import base, smoke
@@ -21,7 +23,7 @@ from data import datasets
 from model.config import ModelConfig
 from model.transformer import Transformer
 from model.translate import beam_translate, translate
-from training import partitioning, train_state, trainer
+from training import command_line, partitioning, train_state, trainer
 from evaluation.line_translator import LineTranslator
 from evaluation import averaging, trained_model, translating
 from training.checkpointing import Checkpointer
@@ -129,8 +131,11 @@ def test_tiny_trained_model_reverses_held_out_sequences():
   model = tiny_model(vocab=20, layers=2)
   tx = optax.adam(optax.cosine_decay_schedule(5e-3, 1000))
   state = train_state.create_train_state(model, tx, seed=0)
+  # The one program here that runs 1000 times: LLVM's optimisation, off for the tests' many
+  # short-lived programs (tests/conftest.py), makes each step 2.5x faster for ~1 s more compiling.
   step = jax.jit(functools.partial(train_state.train_step, model=model, tx=tx, label_smoothing=0.0,
-                                   dropout_key=jax.random.PRNGKey(1)))
+                                   dropout_key=jax.random.PRNGKey(1)),
+                 compiler_options={'xla_backend_optimization_level': 3})
   for _ in range(1000):
     source, decoder_input, target = reversal_arrays([pool[i] for i in rng.integers(0, len(pool), 64)])
     state, _ = step(state, {'encoder_input_tokens': source, 'decoder_input_tokens': decoder_input,
@@ -336,9 +341,15 @@ BAD_INPUTS = {
 }
 
 
+# Run as eval.py processes: a check of `evaluate` and one of absl's flag parsing, each printed by
+# the program as its last stderr line. The other cases call `evaluate` in this process: the same
+# checks, without a process start (~4 s of imports) each.
+AS_PROCESSES = ('no_config', 'split_and_input')
+
+
 @pytest.fixture(scope='module')
-def bad_input_results(smoke_run, tmp_path_factory):
-  """stderr of eval.py per BAD_INPUTS case, the processes run side by side."""
+def bad_input_root(smoke_run, tmp_path_factory):
+  """A folder of broken runs and input files beside the smoke run."""
   run, _ = smoke_run
   root = tmp_path_factory.mktemp('bad_inputs')
   (root / 'empty').mkdir()
@@ -353,29 +364,48 @@ def bad_input_results(smoke_run, tmp_path_factory):
   config = json.load(open(run / 'config.json'))
   config['model']['d_model'] = 64
   json.dump(config, open(root / 'edited' / 'config.json', 'w'))
-  processes = {}
-  for case, (args, _) in BAD_INPUTS.items():
-    args = [arg.format(root=root, run=run) for arg in args]
-    stderr = open(root / f'{case}.stderr', 'w+')
-    mode = [] if any(arg.startswith(('--input', '--split')) for arg in args) else ['--split=test_2016']
-    processes[case] = (subprocess.Popen([sys.executable, 'eval.py', *mode, *args], cwd=REPO,
-                                        stdout=subprocess.DEVNULL, stderr=stderr), stderr)
-  results = {}
-  for case, (process, stderr) in processes.items():
-    returncode = process.wait(timeout=300)
-    stderr.seek(0)
-    results[case] = returncode, stderr.read()
-  return root, results
+  return root
 
 
-@pytest.mark.parametrize('case', BAD_INPUTS)
-def test_bad_input_fails_with_one_clear_line(bad_input_results, case):
-  root, results = bad_input_results
-  returncode, stderr = results[case]
+def bad_input_argv(case, root, run):
+  args = [arg.format(root=root, run=run) for arg in BAD_INPUTS[case][0]]
+  mode = [] if any(arg.startswith(('--input', '--split')) for arg in args) else ['--split=test_2016']
+  return [*mode, *args]
+
+
+@pytest.fixture(scope='module')
+def bad_input_processes(smoke_run, bad_input_root):
+  """Return code and stderr of eval.py per AS_PROCESSES case, the processes run side by side."""
+  run, _ = smoke_run
+  processes = {case: subprocess.Popen([sys.executable, 'eval.py', *bad_input_argv(case, bad_input_root, run)],
+                                      cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+               for case in AS_PROCESSES}
+  return {case: (process.wait(timeout=300), process.stderr.read()) for case, process in processes.items()}
+
+
+@pytest.mark.parametrize('case', AS_PROCESSES)
+def test_bad_input_to_the_program_fails_with_one_clear_line(bad_input_processes, case):
+  returncode, stderr = bad_input_processes[case]
   assert returncode != 0
   assert BAD_INPUTS[case][1] in stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize('case', [case for case in BAD_INPUTS if case not in AS_PROCESSES])
+def test_bad_input_fails_with_one_clear_line(smoke_run, bad_input_root, case, monkeypatch):
+  run, _ = smoke_run
+  # The CPU's devices are fixed once JAX has started; XLA_FLAGS naming their count is what tells
+  # eval.py to leave them as they are.
+  monkeypatch.setenv('XLA_FLAGS', f"{os.environ.get('XLA_FLAGS', '')} "
+                     f'--xla_force_host_platform_device_count={jax.device_count()}')
+  args = flags.FlagValues()
+  eval_lib.define_flags(args)
+  args(['eval.py', *bad_input_argv(case, bad_input_root, run)])
+  with pytest.raises(ValueError) as error:
+    eval_lib.evaluate(args, start=0.0)
+  line = command_line.one_line_error(error.value)
+  assert BAD_INPUTS[case][1] in line and '\n' not in line
   # Checks run before a Checkpointer would create the folder.
-  assert not (root / 'untrained' / 'checkpoints').exists()
+  assert not (bad_input_root / 'untrained' / 'checkpoints').exists()
 
 
 def test_a_run_saved_before_a_config_field_existed_still_opens(smoke_run, tmp_path):
