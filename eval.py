@@ -195,8 +195,13 @@ def main(argv):
   start = time.perf_counter()
   # The table (or the translations) is the output; library INFO records (orbax) would bury it.
   run_log.route_library_logging(None, to_terminal=flags.FLAGS['verbosity'].present)
+  evaluate_or_exit(flags.FLAGS, start)
+
+
+def evaluate_or_exit(args, start: float) -> None:
+  """`evaluate`, with a bad input or a failed read or write as a one-line SystemExit."""
   try:
-    evaluate(flags.FLAGS, start)
+    evaluate(args, start)
   except ValueError as error:
     raise SystemExit(f'eval.py: {command_line.one_line_error(error)}') from None
   except OSError as error:  # an unreadable --input, an unwritable output or run folder

@@ -23,7 +23,7 @@ from data import datasets
 from model.config import ModelConfig
 from model.transformer import Transformer
 from model.translate import beam_translate, translate
-from training import command_line, partitioning, train_state, trainer
+from training import partitioning, train_state, trainer
 from evaluation.line_translator import LineTranslator
 from evaluation import averaging, trained_model, translating
 from training.checkpointing import Checkpointer
@@ -400,10 +400,10 @@ def test_bad_input_fails_with_one_clear_line(smoke_run, bad_input_root, case, mo
   args = flags.FlagValues()
   eval_lib.define_flags(args)
   args(['eval.py', *bad_input_argv(case, bad_input_root, run)])
-  with pytest.raises(ValueError) as error:
-    eval_lib.evaluate(args, start=0.0)
-  line = command_line.one_line_error(error.value)
-  assert BAD_INPUTS[case][1] in line and '\n' not in line
+  with pytest.raises(SystemExit) as exit:
+    eval_lib.evaluate_or_exit(args, start=0.0)
+  assert exit.value.code.startswith('eval.py: ') and '\n' not in exit.value.code
+  assert BAD_INPUTS[case][1] in exit.value.code
   # Checks run before a Checkpointer would create the folder.
   assert not (bad_input_root / 'untrained' / 'checkpoints').exists()
 
