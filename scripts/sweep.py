@@ -42,9 +42,8 @@ from absl import app, flags
 from etils import epath
 
 import jax
-import submitit
 
-from experiments import slice_sweep, slurm, sweeps
+from experiments import sweeps
 from training import command_line, partitioning, run_log, stop_signals
 from training import run_dir as run_dir_lib
 
@@ -217,6 +216,10 @@ def train_here(runs: list[sweeps.Run], workdir: str) -> collections.Counter:
 
 def submit_to_slurm(runs: list[sweeps.Run], workdir: str) -> None:
   """Submits the runs that still need training as one SLURM job array."""
+  # Imported by the modes that use them, as below for the whole slice: a sweep run here or with
+  # --dry_run starts ~1 s sooner without submitit and the trainer's libraries.
+  import submitit  # pylint: disable=g-import-not-at-top
+  from experiments import slurm  # pylint: disable=g-import-not-at-top
   try:
     executor = submitit.AutoExecutor(folder=os.path.join(workdir, 'slurm'), cluster='slurm')
   except RuntimeError as error:  # no srun or sbatch here
@@ -279,6 +282,7 @@ def main(argv: list[str]) -> None:
     submit_to_slurm(share, workdir)
     return
   if MULTIPROCESS.value:
+    from experiments import slice_sweep  # pylint: disable=g-import-not-at-top
     try:
       states = slice_sweep.train_in_turn(share, workdir, rerun_diverged=RERUN_DIVERGED.value)
     except stop_signals.RunStopped as stopped:
