@@ -87,20 +87,21 @@ def test_whole_slice_sweep_on_two_processes_equals_one_process_with_the_same_dev
   assert all(process.returncode == 0 for process in processes), outputs[0][-3000:] + outputs[1][-3000:]
   assert '[1/2] seed=0: start on 2 processes, 2 devices' in outputs[0]
   assert '[1/2]' not in outputs[1]  # only process 0 speaks
-  # The same sweep on one process holding both devices, one train.py per run.
-  single = subprocess.run(sweep_command(spec, tmp_path / 'one'), cwd=REPO, env=env_with_devices(2),
-                          capture_output=True, text=True, timeout=400)
+  # The second run, which trained after the first in the same two processes, on one process
+  # holding both devices, in a train.py of its own: nothing of the first run carried over.
+  single = subprocess.run(sweep_command(spec, tmp_path / 'one', '--only=seed=1'), cwd=REPO,
+                          env=env_with_devices(2), capture_output=True, text=True, timeout=400)
   assert single.returncode == 0, single.stdout + single.stderr
+  step_one, params_one = final_params(tmp_path / 'one' / 'seed=1', spec)
   final = {}
   for name in ('seed=0', 'seed=1'):
-    step_slice, params_slice = final_params(tmp_path / 'slice' / name, spec)
-    step_one, params_one = final_params(tmp_path / 'one' / name, spec)
-    assert step_slice == step_one == 4
-    for a, b in zip(jax.tree.leaves(params_slice), jax.tree.leaves(params_one)):
-      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    step_slice, final[name] = final_params(tmp_path / 'slice' / name, spec)
+    assert step_slice == 4
     assert status(tmp_path / 'slice' / name)['state'] == 'finished'
     assert train_steps(tmp_path / 'slice' / name) == [2, 4]  # written once, by process 0
-    final[name] = params_slice
+  assert step_one == 4
+  for a, b in zip(jax.tree.leaves(final['seed=1']), jax.tree.leaves(params_one)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   # Each run trained with its own seed: the second is not a copy of the first.
   assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(final['seed=0']),
                                                   jax.tree.leaves(final['seed=1'])))
