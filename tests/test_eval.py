@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -390,20 +391,24 @@ def test_bad_input_to_the_program_fails_with_one_clear_line(bad_input_processes,
   assert BAD_INPUTS[case][1] in stderr.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize('case', [case for case in BAD_INPUTS if case not in AS_PROCESSES])
-def test_bad_input_fails_with_one_clear_line(smoke_run, bad_input_root, case, monkeypatch):
-  run, _ = smoke_run
-  # The CPU's devices are fixed once JAX has started; XLA_FLAGS naming their count is what tells
-  # eval.py to leave them as they are.
-  monkeypatch.setenv('XLA_FLAGS', f"{os.environ.get('XLA_FLAGS', '')} "
-                     f'--xla_force_host_platform_device_count={jax.device_count()}')
+def eval_in_process(*argv):
+  """eval.py's command line parsed and evaluated in this process: its one-line exit message."""
   args = flags.FlagValues()
   eval_lib.define_flags(args)
-  args(['eval.py', *bad_input_argv(case, bad_input_root, run)])
-  with pytest.raises(SystemExit) as exit:
+  args(['eval.py', *argv])
+  # The CPU's devices are fixed once JAX has started; XLA_FLAGS naming their count is what tells
+  # eval.py to leave them as they are.
+  xla_flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={jax.device_count()}"
+  with mock.patch.dict(os.environ, XLA_FLAGS=xla_flags), pytest.raises(SystemExit) as exit:
     eval_lib.evaluate_or_exit(args, start=0.0)
   assert exit.value.code.startswith('eval.py: ') and '\n' not in exit.value.code
-  assert BAD_INPUTS[case][1] in exit.value.code
+  return exit.value.code
+
+
+@pytest.mark.parametrize('case', [case for case in BAD_INPUTS if case not in AS_PROCESSES])
+def test_bad_input_fails_with_one_clear_line(smoke_run, bad_input_root, case):
+  run, _ = smoke_run
+  assert BAD_INPUTS[case][1] in eval_in_process(*bad_input_argv(case, bad_input_root, run))
   # Checks run before a Checkpointer would create the folder.
   assert not (bad_input_root / 'untrained' / 'checkpoints').exists()
 
