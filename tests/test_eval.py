@@ -28,6 +28,7 @@ from training import partitioning, train_state, trainer
 from evaluation.line_translator import LineTranslator
 from evaluation import averaging, trained_model, translating
 from training.checkpointing import Checkpointer
+from tests.sweep_fixtures import xla_flags
 
 REPO = Path(__file__).resolve().parents[1]
 PAD, EOS, BOS = 0, 1, 2
@@ -381,7 +382,11 @@ def bad_input_processes(smoke_run, bad_input_root):
   processes = {case: subprocess.Popen([sys.executable, 'eval.py', *bad_input_argv(case, bad_input_root, run)],
                                       cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                for case in AS_PROCESSES}
-  return {case: (process.wait(timeout=300), process.stderr.read()) for case, process in processes.items()}
+  results = {}
+  for case, process in processes.items():
+    _, stderr = process.communicate(timeout=300)  # not wait(): a full stderr pipe would block it
+    results[case] = process.returncode, stderr
+  return results
 
 
 @pytest.mark.parametrize('case', AS_PROCESSES)
@@ -398,8 +403,8 @@ def eval_in_process(*argv):
   args(['eval.py', *argv])
   # The CPU's devices are fixed once JAX has started; XLA_FLAGS naming their count is what tells
   # eval.py to leave them as they are.
-  xla_flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={jax.device_count()}"
-  with mock.patch.dict(os.environ, XLA_FLAGS=xla_flags), pytest.raises(SystemExit) as exit:
+  with mock.patch.dict(os.environ, XLA_FLAGS=xla_flags(jax.device_count())), \
+      pytest.raises(SystemExit) as exit:
     eval_lib.evaluate_or_exit(args, start=0.0)
   assert exit.value.code.startswith('eval.py: ') and '\n' not in exit.value.code
   return exit.value.code
