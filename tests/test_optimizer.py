@@ -69,10 +69,8 @@ def test_schedule_matches_closed_form(name, warmup, length_traced):
 def test_traced_peak_and_warmup_give_each_member_its_own_configs_schedule(name):
   """ScheduleValues as the compiled step of members trained together takes them, [M] float32
   arrays vmapped with the run's length traced: each member follows the closed form of its own peak
-  and warmup, a warmup of 0 (the decay from the first step) included. 'step' places its epoch
-  boundaries from the config's warmup, so its members share it."""
-  members = [(PEAK, 10), (PEAK / 4, 10 if name == 'step' else 0), (PEAK * 3, 50)][
-      :2 if name == 'step' else 3]
+  and warmup, a warmup of 0 (the decay from the first step) included."""
+  members = [(PEAK, 10), (PEAK / 4, 0), (PEAK * 3, 50)]
   optim = _optim(schedule=name, warmup_steps=10, decay_epochs=(2, 5), decay_factor=0.5)
   peaks, warmups = (jnp.asarray(column, jnp.float32) for column in zip(*members))
 

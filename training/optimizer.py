@@ -27,12 +27,9 @@ schedule was made for T (cosine and linear only).
 
 P and W are arguments of the compiled step too (`ScheduleValues`): runs that
 differ only in peak rate or warmup reuse one compiled program, and members
-trained together (training/members.py) each follow their own. The 'step'
-schedule places its epoch boundaries from `optim.warmup_steps` itself, so its
-W must be the config's.
+trained together (training/members.py) each follow their own.
 """
 
-import collections
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -142,18 +139,16 @@ def _constant(optim, peak, warmup, decay_steps, steps_per_epoch):
 
 
 def _step(optim, peak, warmup, decay_steps, steps_per_epoch):
-  del warmup, decay_steps
+  del decay_steps
   if optim.decay_epochs and steps_per_epoch is None:
     raise ValueError(
         "config.optim.schedule='step' needs steps_per_epoch to place"
         f' config.optim.decay_epochs={tuple(optim.decay_epochs)}.')
-  # Boundaries are shifted because join_schedules restarts the count after warmup;
-  # an epoch listed twice decays twice, which a dict keyed by step cannot hold.
-  boundaries = collections.Counter(
-      epoch * steps_per_epoch - optim.warmup_steps for epoch in optim.decay_epochs)
-  return optax.piecewise_constant_schedule(
-      peak,
-      {step: optim.decay_factor**count for step, count in boundaries.items()})
+  # The decay counts from the end of warmup, so count + W is the step; W may be traced, which
+  # optax.piecewise_constant_schedule's Python boundaries cannot take. An epoch listed twice
+  # decays twice.
+  boundaries = jnp.asarray([epoch * steps_per_epoch for epoch in optim.decay_epochs], jnp.float32)
+  return lambda count: peak * optim.decay_factor**jnp.sum(count + warmup >= boundaries)
 
 
 _SCHEDULES: dict[str, _DecayBuilder] = {
@@ -223,19 +218,20 @@ def _make_schedule(
   length = total_steps if isinstance(total_steps, RunLength) else None
   if length is not None:
     total_steps = length.horizon
-  warmup_steps = optim_config.warmup_steps
-  if warmup_steps < 0:
-    raise ValueError(f'config.optim.warmup_steps={warmup_steps} must be >= 0.')
+  if values is None:  # the config's P and W; given values come from a config checked so
+    if optim_config.warmup_steps < 0:
+      raise ValueError(f'config.optim.warmup_steps={optim_config.warmup_steps} must be >= 0.')
+    values = ScheduleValues.of(optim_config)
   if optim_config.inverse_sqrt_scale < 0:
     raise ValueError(
         f'config.optim.inverse_sqrt_scale={optim_config.inverse_sqrt_scale} must be >= 0'
         ' (0: the warmup length).')
-  peak, warmup = values if values is not None else ScheduleValues.of(optim_config)
+  peak, warmup = values
   decay_steps = total_steps - warmup
   if isinstance(decay_steps, int) and optim_config.schedule in _DECAYS_TO_ZERO and decay_steps <= 0:
     raise ValueError(
         f'config.optim.schedule={optim_config.schedule!r} decays to 0 at the last step, so it'
-        f' needs more total steps than config.optim.warmup_steps={warmup_steps}'
+        f' needs more total steps than config.optim.warmup_steps={warmup}'
         f' (total steps: {total_steps}).')
   decay = build_decay(optim_config, peak, warmup, decay_steps, steps_per_epoch)
   if length is not None and optim_config.schedule in _DECAYS_TO_ZERO:
