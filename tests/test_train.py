@@ -130,6 +130,7 @@ def test_a_budgeted_run_trains_the_length_it_planned_at_warmup_end_and_keeps_it_
     if event == '/jax/core/compile/jaxpr_trace_duration' and fields.get('fun_name') == 'step_and_accumulate':
       step_traces.append(seconds)
 
+  stepping.jitted_step_functions.cache_clear()  # `fixed` traced the same step: start afresh
   jax.monitoring.register_event_duration_secs_listener(count_step_traces)
   try:
     trainer.train_and_evaluate(budgeted, workdir, stop_after_steps=23)
@@ -333,6 +334,66 @@ def test_steps_per_call_trains_bitwise_as_one_step_per_call_and_resumes_exactly(
   assert sorted(os.listdir(tmp_path / 'grouped' / 'checkpoints')) == ['10', '20']
   # Killed after 7 steps (4 in one dispatch, 1 to the step-5 record, 2 more), resumed from step 0.
   assert_resume_reproduces(config(4), str(tmp_path / 'killed'), 7, single, single_dir)
+
+
+def step_traces_during(function) -> int:
+  """How many times the training step is traced while `function()` runs."""
+  traces = []
+
+  def listen(event, seconds, **fields):
+    # jax's event for each tracing of a jitted function (jax._src.dispatch.JAXPR_TRACE_EVENT).
+    if event == '/jax/core/compile/jaxpr_trace_duration' and fields.get('fun_name') == 'step_and_accumulate':
+      traces.append(seconds)
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    function()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+  return len(traces)
+
+
+def test_a_run_after_another_reuses_its_traced_step_and_trains_as_it_would_alone(
+    tmp_path, data_cache):
+  """Seed, peak rate and warmup are the step's arguments: a run that differs from the one before
+  it only in them traces nothing, and its parameters equal bitwise those of the same run traced
+  afresh (so no value of the first run is baked into the shared program)."""
+  def config(seed, learning_rate, warmup_steps):
+    config = smoke_config(data_cache, num_steps=12, log_every=6, eval_every=12,
+                          checkpoint_every=12, seed=seed)
+    config.optim.update(learning_rate=learning_rate, warmup_steps=warmup_steps)
+    config.data.update(eval_examples=8)
+    return config
+
+  states = {}
+  train = lambda name, config: states.setdefault(
+      name, trainer.train_and_evaluate(config, str(tmp_path / name)))
+  stepping.jitted_step_functions.cache_clear()
+  train('first', config(0, 3e-3, 10))
+  second = config(1, 6e-3, 4)
+  assert step_traces_during(lambda: train('after', second)) == 0
+  stepping.jitted_step_functions.cache_clear()
+  assert step_traces_during(lambda: train('alone', second)) >= 1
+  assert int(states['after'].step) == 12
+  assert params_equal_bitwise(states['after'].params, states['alone'].params)
+  assert params_equal_bitwise(states['after'].opt_state, states['alone'].opt_state)
+  assert_same_records(str(tmp_path / 'after'), str(tmp_path / 'alone'))
+
+
+def test_step_settings_leave_out_only_the_steps_arguments(data_cache):
+  base = smoke_config(data_cache)
+  steps = stepping.RunSteps(steps_per_epoch=100, max_steps=40)
+  settings = lambda config: stepping.StepSettings.of(config, steps, microbatch_tokens=512)
+  other_arguments = smoke_config(data_cache, seed=7, num_steps=80)
+  other_arguments.optim.update(learning_rate=1e-2, warmup_steps=4)
+  assert settings(other_arguments) == settings(base)
+  smoothed = smoke_config(data_cache, label_smoothing=0.0)
+  other_betas = smoke_config(data_cache)
+  other_betas.optim.b2 = 0.999
+  assert len({settings(config) for config in (base, smoothed, other_betas)}) == 3
+  for argument in ('learning_rate', 'warmup_steps'):  # each run's own, the step's arguments
+    with pytest.raises(AttributeError):
+      getattr(settings(base).optim_config(), argument)
 
 
 def traced_events(workdir) -> list[dict]:

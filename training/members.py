@@ -22,6 +22,7 @@ length; a member that diverges stops alone (its status says so) and the others g
 """
 
 import contextlib
+import functools
 import time
 
 import jax
@@ -29,11 +30,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from model.transformer import Transformer
 from training import config_checks, partitioning, run_dir, run_log, stop_signals, train_state
 from training import trainer
 from training.member_fields import MEMBER_FIELDS
-from training.stepping import TrainStep, batch_shape, compiled_step_functions, dropout_key
-from training.stepping import schedule_values
+from training.stepping import StepSettings, TrainStep, batch_shape, compiled_step_functions
+from training.stepping import dropout_key, schedule_values
 
 
 def parse_members(seeds: list[str], varied: list[str]) -> list[dict[str, str]]:
@@ -186,6 +188,30 @@ def _take(tree, index):
   return jax.tree.map(lambda leaf: leaf[index], tree)
 
 
+@functools.lru_cache(maxsize=8)
+def jitted_member_steps(model: Transformer, settings: StepSettings, mesh):
+  """The members' compiled steps over `mesh`: (the vmapped step, the vmapped group of steps, one
+  member's step on its slice of the stacked state), the same objects for equal arguments within a
+  process, as stepping.jitted_step_functions."""
+  replicated = partitioning.replicated(mesh)
+  step, steps = compiled_step_functions(settings, model)
+
+  def one_member(states, windows, batch, keys, length, values, index):
+    state, window, step_done = step(_take(states, index), _take(windows, index), batch,
+                                    keys[index], length, _take(values, index))
+    put = lambda stacked, one: jax.tree.map(lambda s, o: s.at[index].set(o), stacked, one)
+    return put(states, state), put(windows, window), step_done
+
+  def jitted(function, stacked_axes: int, *more_in):
+    return jax.jit(function, in_shardings=(
+        replicated, replicated, partitioning.batch_sharded(mesh, stacked_axes), replicated,
+        replicated, replicated, *more_in), out_shardings=(replicated,) * 3,
+        donate_argnums=(0, 1))
+
+  members = lambda function: jax.vmap(function, in_axes=(0, 0, 0, 0, None, 0))
+  return jitted(members(step), 1), jitted(members(steps), 2), jitted(one_member, 0, replicated)
+
+
 class MemberStep(TrainStep):
   """TrainStep over members: the vmapped step for batches of one shape, and one member's step on
   its slice of the stacked state for a step whose members' batches differ in shape."""
@@ -207,24 +233,8 @@ class MemberStep(TrainStep):
     self.new_window = run.train_step.new_window
     self.compile_seconds: dict[tuple, float] = {}
     self._previous_step_done = None
-    step, steps = compiled_step_functions(config, run.model, run.steps, self.microbatch_tokens)
-
-    def one_member(states, windows, batch, keys, length, values, index):
-      state, window, step_done = step(_take(states, index), _take(windows, index), batch,
-                                      keys[index], length, _take(values, index))
-      put = lambda stacked, one: jax.tree.map(lambda s, o: s.at[index].set(o), stacked, one)
-      return put(states, state), put(windows, window), step_done
-
-    def jitted(function, stacked_axes: int, *more_in):
-      return jax.jit(function, in_shardings=(
-          replicated, replicated, partitioning.batch_sharded(mesh, stacked_axes), replicated,
-          replicated, replicated, *more_in), out_shardings=(replicated,) * 3,
-          donate_argnums=(0, 1))
-
-    members = lambda function: jax.vmap(function, in_axes=(0, 0, 0, 0, None, 0))
-    self._jitted_members = jitted(members(step), 1)
-    self._jitted_member_groups = jitted(members(steps), 2)
-    self._jitted_one = jitted(one_member, 0, replicated)
+    self._jitted_members, self._jitted_member_groups, self._jitted_one = jitted_member_steps(
+        run.model, StepSettings.of(config, run.steps, self.microbatch_tokens), mesh)
 
   def train(self, states, windows, member_batches: list[list[dict]], length):
     """Trains each member's batches (member_batches[i]: its next n, in order); returns the stacked

@@ -6,9 +6,17 @@ and the seed's dropout key are arguments of the compiled step, not constants ins
 budgeted run's plans, and runs that differ only in seed, length, peak rate or warmup, reuse one
 compiled program (and the persistent compilation cache). Both are made by
 jitted calls, so that every process holds its replica, as it does the state's.
+
+The jitted step itself is kept per process for its model, `StepSettings` and mesh
+(`jitted_step_functions`): a later run of the same program in one process (the next seed of a
+sweep trained in turn, a test after another) finds it traced, lowered and loaded already. The
+persistent cache saves only the compilation; tracing and lowering are Python's work, and for a
+small model they cost more than the compilation does.
 """
 
 import dataclasses
+import functools
+import json
 import time
 
 from absl import logging
@@ -65,8 +73,9 @@ class TrainStep:
 
   The host stays one step ahead of the device: a call waits for the step before it while its own
   runs, so a stop signal (handled between Python calls) acts within a step. A batch shape met for
-  the first time compiles before it dispatches; those seconds go to `compile_seconds` and to the
-  clock's pauses, not to training throughput.
+  the first time compiles before it dispatches (or finds the step of an earlier run in this
+  process); those seconds go to `compile_seconds` and to the clock's pauses, not to training
+  throughput.
   """
 
   def __init__(self, config: ml_collections.ConfigDict, model: Transformer, mesh,
@@ -79,18 +88,8 @@ class TrainStep:
                                     out_shardings=replicated)()
     self.microbatch_tokens = train_state.microbatch_tokens(config)
 
-    step_and_accumulate, steps_and_accumulate = compiled_step_functions(
-        config, model, steps, self.microbatch_tokens)
-    self._jitted = jax.jit(
-        step_and_accumulate,
-        in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh), replicated,
-                      replicated, replicated),
-        out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
-    self._jitted_group = jax.jit(
-        steps_and_accumulate,
-        in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh, 1), replicated,
-                      replicated, replicated),
-        out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
+    self._jitted, self._jitted_group = jitted_step_functions(
+        model, StepSettings.of(config, steps, self.microbatch_tokens), mesh)
     self.steps_per_call = config.train.steps_per_call
     # Jitted, so every sum is its own buffer (the step donates them).
     self.new_window = jax.jit(train_state.empty_metrics_window, out_shardings=replicated)
@@ -135,22 +134,65 @@ class TrainStep:
     return state, window
 
 
-def compiled_step_functions(config: ml_collections.ConfigDict, model: Transformer, steps: RunSteps,
-                            microbatch_tokens: int):
+@dataclasses.dataclass(frozen=True)
+class StepSettings:
+  """What the compiled step is built from besides the model and the mesh: equal settings, equal
+  program. Seed, run length, peak rate and warmup are the step's arguments, so runs that differ
+  only in them have equal settings."""
+  optim_json: str  # config.optim as sorted JSON, without the peak rate and warmup (arguments)
+  steps_per_epoch: int  # RunSteps.steps_per_epoch ('step' decay places its boundaries by it)
+  label_smoothing: float  # config.train.label_smoothing
+  microbatch_tokens: int  # tokens per slice of a step (train_state.microbatch_tokens)
+  loss_chunk_tokens: int  # config.train.loss_chunk_tokens
+
+  @classmethod
+  def of(cls, config: ml_collections.ConfigDict, steps: RunSteps,
+         microbatch_tokens: int) -> 'StepSettings':
+    optim = {name: value for name, value in config.optim.to_dict().items()
+             if name not in ('learning_rate', 'warmup_steps')}
+    return cls(json.dumps(optim, sort_keys=True), steps.steps_per_epoch,
+               config.train.label_smoothing, microbatch_tokens, config.train.loss_chunk_tokens)
+
+  def optim_config(self) -> ml_collections.ConfigDict:
+    """config.optim as the step sees it: reading learning_rate or warmup_steps there fails
+    instead of baking one run's value into a program other runs share."""
+    return ml_collections.ConfigDict(json.loads(self.optim_json))
+
+
+@functools.lru_cache(maxsize=8)
+def jitted_step_functions(model: Transformer, settings: StepSettings, mesh):
+  """compiled_step_functions jitted over `mesh`: (one step, a group of steps), the same objects
+  for equal arguments within a process, so their traces and executables are reused."""
+  replicated = partitioning.replicated(mesh)
+  step_and_accumulate, steps_and_accumulate = compiled_step_functions(settings, model)
+
+  def jitted(function, stacked_axes: int):
+    return jax.jit(
+        function,
+        in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh, stacked_axes),
+                      replicated, replicated, replicated),
+        out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
+
+  return jitted(step_and_accumulate, 0), jitted(steps_and_accumulate, 1)
+
+
+def compiled_step_functions(settings: StepSettings, model: Transformer):
   """The functions the loop compiles: one step, and a group of steps in a lax.scan.
 
   Both take (state, window, batch or [K, ...] batches, dropout key, RunLength, ScheduleValues) and
   return the new state, window and the step number again, as an output of its own that is not
   donated to the next step: the loop waits on it to stay at most one step ahead of the device.
   """
+  optim_config = settings.optim_config()
+
   def step_and_accumulate(state, window, batch, dropout_key, length, values):
-    tx_of_length, _ = make_optimizer(config.optim, steps_per_epoch=steps.steps_per_epoch,
+    tx_of_length, _ = make_optimizer(optim_config, steps_per_epoch=settings.steps_per_epoch,
                                      total_steps=length, values=values)
     state, metrics = train_state.train_step(state, batch, model=model, tx=tx_of_length,
-                                            label_smoothing=config.train.label_smoothing,
+                                            label_smoothing=settings.label_smoothing,
                                             dropout_key=dropout_key,
-                                            microbatch_tokens=microbatch_tokens,
-                                            loss_chunk_tokens=config.train.loss_chunk_tokens)
+                                            microbatch_tokens=settings.microbatch_tokens,
+                                            loss_chunk_tokens=settings.loss_chunk_tokens)
     return state, train_state.accumulate_metrics(window, metrics, state.step), state.step + 0
 
   def steps_and_accumulate(state, window, batches, dropout_key, length, values):

@@ -30,6 +30,10 @@ from training.optimizer import RunLength, make_optimizer
 from training.stepping import BatchGroups, RunSteps, Schedule, TrainStep, mixed_shapes_notice
 
 
+# One jitted function for every run in a process: a run of an equal model reuses its traces.
+_jitted_eval_step = jax.jit(train_state.eval_step, static_argnames='model')
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        stop_after_steps: int | None = None) -> train_state.TrainState:
   """Trains to config.train.num_steps (or num_epochs, or the fewer steps that fit
@@ -293,7 +297,7 @@ def set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: 
   window = actions.MetricsWindow(train_step.new_window, saved_window and saved_window['sums'],
                                  replicated=partitioning.replicated(mesh))
   evaluator = Evaluator(data, vocabularies, model, mesh,
-                        jax.jit(functools.partial(train_state.eval_step, model=model)))
+                        functools.partial(_jitted_eval_step, model=model))
 
   loss_watch = run_log.LossWatch(
       ceiling=config.train.divergence_loss_ceiling, growth=config.train.divergence_growth,
