@@ -2,11 +2,12 @@
 
 `SplitTranslator` decodes a split's length-grouped batches with a compiled executable per batch
 shape (compiled on first use, timed apart from decoding, reused by every later call, such as each
-validation of a run). Every device searches its own rows of a batch, independently of the others
+validation of a run, and by a later run's translator in the same process). Every device searches its own rows of a batch, independently of the others
 (`partitioning.per_device_rows`); on several hosts each process feeds its own rows and the
 hypotheses are gathered on every process. `score` computes every sacrebleu score of eval.py's report.
 """
 
+import functools
 import time
 
 import jax
@@ -51,11 +52,18 @@ def hypothesis_text(tokenizer: Tokenizer, ids) -> str:
 def search_per_device(search, model: Transformer, settings: dict, mesh):
   """`search` (`translate` or `beam_translate`) of `model` under `settings`, every device on its own
   rows (`partitioning.per_device_rows`): a jitted `fn(variables, tokens, length_penalty)`. The
-  length penalty stays a traced argument, so comparing penalties compiles once."""
-  static_settings = {name: value for name, value in settings.items() if name != 'length_penalty'}
+  length penalty stays a traced argument, so comparing penalties compiles once. Equal arguments
+  give the same function within a process, so a later validation or run finds it traced."""
+  static_settings = tuple(sorted((name, value) for name, value in settings.items()
+                                 if name != 'length_penalty'))
+  return _search_per_device(search, model, static_settings, mesh)
+
+
+@functools.lru_cache(maxsize=8)
+def _search_per_device(search, model: Transformer, static_settings: tuple, mesh):
   return partitioning.per_device_rows(
       lambda variables, tokens, length_penalty: search(
-          model, variables, tokens, length_penalty=length_penalty, **static_settings), mesh)
+          model, variables, tokens, length_penalty=length_penalty, **dict(static_settings)), mesh)
 
 
 class SplitTranslator:
