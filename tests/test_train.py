@@ -16,6 +16,7 @@ import pytest
 from configs import smoke
 from data import datasets
 from data import tokenizer as tokenizer_lib
+from evaluation import translating
 from training import run_log, stepping, time_budget, trainer
 from training.checkpointing import Checkpointer
 
@@ -130,7 +131,9 @@ def test_a_budgeted_run_trains_the_length_it_planned_at_warmup_end_and_keeps_it_
     if event == '/jax/core/compile/jaxpr_trace_duration' and fields.get('fun_name') == 'step_and_accumulate':
       step_traces.append(seconds)
 
-  stepping.jitted_step_functions.cache_clear()  # `fixed` traced the same step: start afresh
+  # `fixed` traced the same step and decoder: start afresh, so this run compiles its own.
+  stepping.jitted_step_functions.cache_clear()
+  translating._search_per_device.cache_clear()
   jax.monitoring.register_event_duration_secs_listener(count_step_traces)
   try:
     trainer.train_and_evaluate(budgeted, workdir, stop_after_steps=23)
