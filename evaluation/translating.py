@@ -2,9 +2,10 @@
 
 `SplitTranslator` decodes a split's length-grouped batches with a compiled executable per batch
 shape (compiled on first use, timed apart from decoding, reused by every later call, such as each
-validation of a run, and by a later run's translator in the same process). Every device searches its own rows of a batch, independently of the others
-(`partitioning.per_device_rows`); on several hosts each process feeds its own rows and the
-hypotheses are gathered on every process. `score` computes every sacrebleu score of eval.py's report.
+validation of a run, and by a later run's translator in the same process). Every device searches its
+own rows of a batch, independently of the others (`partitioning.per_device_rows`); on several hosts
+each process feeds its own rows and the hypotheses are gathered on every process. `score` computes
+every sacrebleu score of eval.py's report.
 """
 
 import functools

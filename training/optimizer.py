@@ -218,7 +218,7 @@ def _make_schedule(
   length = total_steps if isinstance(total_steps, RunLength) else None
   if length is not None:
     total_steps = length.horizon
-  if values is None:  # the config's P and W; given values come from a config checked so
+  if values is None:  # the config's P and W (given values come from a config checked here)
     if optim_config.warmup_steps < 0:
       raise ValueError(f'config.optim.warmup_steps={optim_config.warmup_steps} must be >= 0.')
     values = ScheduleValues.of(optim_config)

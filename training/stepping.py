@@ -8,8 +8,8 @@ compiled program (and the persistent compilation cache). Both are made by
 jitted calls, so that every process holds its replica, as it does the state's.
 
 The jitted step itself is kept per process for its model, `StepSettings` and mesh
-(`jitted_step_functions`): a later run of the same program in one process (the next seed of a
-sweep trained in turn, a test after another) finds it traced, lowered and loaded already. The
+(`jitted_step_functions`): a later run of the same program in one process (a pod slice's runs
+trained in turn, a test after another) finds it traced, lowered and loaded already. The
 persistent cache saves only the compilation; tracing and lowering are Python's work, and for a
 small model they cost more than the compilation does.
 """
