@@ -106,6 +106,23 @@ def budget_test_config(cache_dir, **train):
   return config
 
 
+def step_traces_during(function) -> int:
+  """How many times the training step is traced while `function()` runs."""
+  traces = []
+
+  def listen(event, seconds, **fields):
+    # jax's event for each tracing of a jitted function (jax._src.dispatch.JAXPR_TRACE_EVENT).
+    if event == '/jax/core/compile/jaxpr_trace_duration' and fields.get('fun_name') == 'step_and_accumulate':
+      traces.append(seconds)
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    function()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+  return len(traces)
+
+
 def test_a_budgeted_run_trains_the_length_it_planned_at_warmup_end_and_keeps_it_on_resume(
     tmp_path, data_cache, monkeypatch):
   # The plan's arithmetic is tests/test_time_budget.py's; here it is fixed at 26 steps of at most
@@ -124,25 +141,15 @@ def test_a_budgeted_run_trains_the_length_it_planned_at_warmup_end_and_keeps_it_
   workdir = str(tmp_path / 'budgeted')
   # Stopped 3 steps after the plan and its checkpoint (step 20): resumed, it trains to 26, not 40,
   # without planning again.
-  step_traces = []
-
-  def count_step_traces(event, seconds, **fields):
-    # jax's event for each tracing of a jitted function (jax._src.dispatch.JAXPR_TRACE_EVENT).
-    if event == '/jax/core/compile/jaxpr_trace_duration' and fields.get('fun_name') == 'step_and_accumulate':
-      step_traces.append(seconds)
-
   # `fixed` traced the same step and decoder: start afresh, so this run compiles its own.
   stepping.jitted_step_functions.cache_clear()
   translating._search_per_device.cache_clear()
-  jax.monitoring.register_event_duration_secs_listener(count_step_traces)
-  try:
-    trainer.train_and_evaluate(budgeted, workdir, stop_after_steps=23)
-  finally:
-    jax.monitoring.unregister_event_duration_listener(count_step_traces)
+  step_traces = step_traces_during(
+      lambda: trainer.train_and_evaluate(budgeted, workdir, stop_after_steps=23))
   # The planned length is an argument of the compiled step: once per batch shape, none for the plan.
   shapes = [r['compiled_shapes'] for r in read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
             if 'compiled_shapes' in r]
-  assert len(step_traces) == shapes[-1] >= 1
+  assert step_traces == shapes[-1] >= 1
   resumed = trainer.train_and_evaluate(budgeted, workdir)
   (costs, inputs), = plans
   assert inputs['step'] == 20 and inputs['max_steps'] == 40 and inputs['budget_seconds'] == 3600
@@ -337,23 +344,6 @@ def test_steps_per_call_trains_bitwise_as_one_step_per_call_and_resumes_exactly(
   assert sorted(os.listdir(tmp_path / 'grouped' / 'checkpoints')) == ['10', '20']
   # Killed after 7 steps (4 in one dispatch, 1 to the step-5 record, 2 more), resumed from step 0.
   assert_resume_reproduces(config(4), str(tmp_path / 'killed'), 7, single, single_dir)
-
-
-def step_traces_during(function) -> int:
-  """How many times the training step is traced while `function()` runs."""
-  traces = []
-
-  def listen(event, seconds, **fields):
-    # jax's event for each tracing of a jitted function (jax._src.dispatch.JAXPR_TRACE_EVENT).
-    if event == '/jax/core/compile/jaxpr_trace_duration' and fields.get('fun_name') == 'step_and_accumulate':
-      traces.append(seconds)
-
-  jax.monitoring.register_event_duration_secs_listener(listen)
-  try:
-    function()
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listen)
-  return len(traces)
 
 
 def test_a_run_after_another_reuses_its_traced_step_and_trains_as_it_would_alone(

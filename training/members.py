@@ -35,7 +35,7 @@ from training import config_checks, partitioning, run_dir, run_log, stop_signals
 from training import trainer
 from training.member_fields import MEMBER_FIELDS
 from training.stepping import StepSettings, TrainStep, batch_shape, compiled_step_functions
-from training.stepping import dropout_key, schedule_values
+from training.stepping import dropout_key, jit_over_mesh, schedule_values
 
 
 def parse_members(seeds: list[str], varied: list[str]) -> list[dict[str, str]]:
@@ -193,7 +193,6 @@ def jitted_member_steps(model: Transformer, settings: StepSettings, mesh):
   """The members' compiled steps over `mesh`: (the vmapped step, the vmapped group of steps, one
   member's step on its slice of the stacked state), the same objects for equal arguments within a
   process, as stepping.jitted_step_functions."""
-  replicated = partitioning.replicated(mesh)
   step, steps = compiled_step_functions(settings, model)
 
   def one_member(states, windows, batch, keys, length, values, index):
@@ -202,14 +201,9 @@ def jitted_member_steps(model: Transformer, settings: StepSettings, mesh):
     put = lambda stacked, one: jax.tree.map(lambda s, o: s.at[index].set(o), stacked, one)
     return put(states, state), put(windows, window), step_done
 
-  def jitted(function, stacked_axes: int, *more_in):
-    return jax.jit(function, in_shardings=(
-        replicated, replicated, partitioning.batch_sharded(mesh, stacked_axes), replicated,
-        replicated, replicated, *more_in), out_shardings=(replicated,) * 3,
-        donate_argnums=(0, 1))
-
   members = lambda function: jax.vmap(function, in_axes=(0, 0, 0, 0, None, 0))
-  return jitted(members(step), 1), jitted(members(steps), 2), jitted(one_member, 0, replicated)
+  return (jit_over_mesh(members(step), mesh, 1), jit_over_mesh(members(steps), mesh, 2),
+          jit_over_mesh(one_member, mesh, 0, partitioning.replicated(mesh)))
 
 
 class MemberStep(TrainStep):

@@ -163,17 +163,21 @@ class StepSettings:
 def jitted_step_functions(model: Transformer, settings: StepSettings, mesh):
   """compiled_step_functions jitted over `mesh`: (one step, a group of steps), the same objects
   for equal arguments within a process, so their traces and executables are reused."""
-  replicated = partitioning.replicated(mesh)
   step_and_accumulate, steps_and_accumulate = compiled_step_functions(settings, model)
+  return (jit_over_mesh(step_and_accumulate, mesh, 0),
+          jit_over_mesh(steps_and_accumulate, mesh, 1))
 
-  def jitted(function, stacked_axes: int):
-    return jax.jit(
-        function,
-        in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh, stacked_axes),
-                      replicated, replicated, replicated),
-        out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
 
-  return jitted(step_and_accumulate, 0), jitted(steps_and_accumulate, 1)
+def jit_over_mesh(function, mesh, stacked_axes: int, *more_in):
+  """`function(state, window, batch, dropout key, length, values, *more)` jitted over `mesh`: the
+  batch split over its rows after `stacked_axes` leading axes, the rest and the three outputs
+  replicated, the state and window donated. `more_in`: the extra arguments' shardings."""
+  replicated = partitioning.replicated(mesh)
+  return jax.jit(
+      function,
+      in_shardings=(replicated, replicated, partitioning.batch_sharded(mesh, stacked_axes),
+                    replicated, replicated, replicated, *more_in),
+      out_shardings=(replicated, replicated, replicated), donate_argnums=(0, 1))
 
 
 def compiled_step_functions(settings: StepSettings, model: Transformer):
