@@ -19,9 +19,8 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-from data import datasets, pipeline, vocabularies as vocabularies_lib
+from data import datasets, pipeline
 from evaluation.validation import Evaluator
-from model import flops as flops_lib
 from model.transformer import Transformer
 from training import (config_checks, partitioning, periodic_actions as actions, run_dir, run_log,
                       stop_signals, time_budget, train_state)
@@ -288,10 +287,10 @@ def set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: 
   clock = actions.Clock(run_start, resumed.get('run_seconds', 0.0))  # {} for a new run
   schedule = Schedule(config.optim, steps, mesh, plan.length or RunLength.fixed(total_steps))
   train_step = TrainStep(config, model, mesh, steps, clock)
-  say(_describe_data(data, train_iter, vocabularies))
+  say(run_log.describe_data(data, train_iter, vocabularies))
   length = (f'up to {max_steps} steps, as many as fit {config.train.time_budget_minutes} min '
             f'(planned at step {budget.plan_at})' if budget.plan_at else f'{total_steps} steps')
-  say(_describe_model(model, state.params, length, latest, train_step.microbatch_tokens))
+  say(run_log.describe_model(model, state.params, length, latest, train_step.microbatch_tokens))
   # The steps after the last record, trained before the checkpoint: the next record covers them
   # as an uninterrupted run's does.
   window = actions.MetricsWindow(train_step.new_window, saved_window and saved_window['sums'],
@@ -377,32 +376,3 @@ def say_mixed_shapes(run: Run, members: int, say: Callable[[str], None]) -> None
                                run.config.train.steps_per_call, members, run.config.data.max_length)
   if notice:
     say(notice)
-
-
-def _describe_data(data: datasets.DataSpec, train_iter: pipeline.TrainIterator,
-                   vocabularies: vocabularies_lib.Vocabularies) -> str:
-  """The console's line about the prepared data."""
-  packing = f', packed into rows of {data.pack_length} tokens' if data.pack_length else ''
-  samples = data.subword_samples
-  sampled = f' ({samples} sampled segmentations of each)' if samples else ''
-  short = (f', {train_iter.num_long_sources:,} with sources of more than '
-           f'{data.train_max_source_words} words' if data.train_max_source_words else '')
-  return (f'data: {data.dataset} {data.source_lang}->{data.target_lang}, {train_iter.num_pairs:,} '
-          f'training pairs{sampled} in {train_iter.batches_per_epoch} batches per epoch{packing} '
-          f'({train_iter.num_filtered} longer than max_length={data.max_length}{short} left out), '
-          f'{vocabularies.describe()}; cached in {data.cache_dir}')
-
-
-def _describe_model(model: Transformer, params, length: str, resumed_from: int | None,
-                    microbatch_tokens: int = 0) -> str:
-  """The console's line about the model, how a step is computed and the run's length."""
-  cfg = model.config
-  parameters = sum(leaf.size for leaf in jax.tree.leaves(params))
-  # Per target token of a training step on 32-token pairs (FLOPs grow with length).
-  flops = flops_lib.train_step_flops(cfg, 1, 32, 32) / 32
-  start = f'resuming at step {resumed_from}' if resumed_from is not None else 'starting'
-  slices = (f', each step in slices of ~{microbatch_tokens} tokens (train.microbatch_tokens)'
-            if microbatch_tokens else '')
-  return (f'model: {cfg.num_encoder_layers}+{cfg.num_decoder_layers} layers, d_model {cfg.d_model}, '
-          f'{parameters / 1e6:.2f}M parameters, {flops / 1e6:.3g} MFLOP per target token to train'
-          f'{slices}; {start}, {length}')
