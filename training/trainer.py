@@ -23,7 +23,7 @@ from data import datasets, pipeline
 from evaluation.validation import Evaluator
 from model.transformer import Transformer
 from training import (config_checks, partitioning, periodic_actions as actions, run_dir, run_log,
-                      stop_signals, time_budget, train_state)
+                      run_summary, stop_signals, time_budget, train_state)
 from training.checkpointing import Checkpointer
 from training.optimizer import RunLength, make_optimizer
 from training.stepping import BatchGroups, RunSteps, Schedule, TrainStep, mixed_shapes_notice
@@ -287,10 +287,10 @@ def set_up(config: ml_collections.ConfigDict, data: datasets.DataSpec, workdir: 
   clock = actions.Clock(run_start, resumed.get('run_seconds', 0.0))  # {} for a new run
   schedule = Schedule(config.optim, steps, mesh, plan.length or RunLength.fixed(total_steps))
   train_step = TrainStep(config, model, mesh, steps, clock)
-  say(run_log.describe_data(data, train_iter, vocabularies))
+  say(run_summary.describe_data(data, train_iter, vocabularies))
   length = (f'up to {max_steps} steps, as many as fit {config.train.time_budget_minutes} min '
             f'(planned at step {budget.plan_at})' if budget.plan_at else f'{total_steps} steps')
-  say(run_log.describe_model(model, state.params, length, latest, train_step.microbatch_tokens))
+  say(run_summary.describe_model(model, state.params, length, latest, train_step.microbatch_tokens))
   # The steps after the last record, trained before the checkpoint: the next record covers them
   # as an uninterrupted run's does.
   window = actions.MetricsWindow(train_step.new_window, saved_window and saved_window['sums'],
